@@ -1,0 +1,1161 @@
+//! The TOML config: raw serde types, then one validation pass into typed, cross-checked values; every error names its key path.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Uri};
+use serde::Deserialize;
+
+use crate::route::NamePattern;
+
+/// The client-facing listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Address {
+    Base,
+    TokenPlan,
+    Video,
+    Admin,
+}
+
+impl Address {
+    pub const CLIENT: [Address; 3] = [Address::Base, Address::TokenPlan, Address::Video];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Base => "base",
+            Self::TokenPlan => "token_plan",
+            Self::Video => "video",
+            Self::Admin => "admin",
+        }
+    }
+
+    fn parse_client(s: &str) -> Option<Self> {
+        Self::CLIENT.into_iter().find(|a| a.name() == s)
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A small set of client addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddressSet(u8);
+
+impl AddressSet {
+    pub fn all_client() -> Self {
+        Self::CLIENT_ALL
+    }
+    const CLIENT_ALL: Self = Self(0b111);
+
+    pub fn only(a: Address) -> Self {
+        Self(a.bit())
+    }
+
+    pub fn contains(self, a: Address) -> bool {
+        self.0 & a.bit() != 0
+    }
+
+    fn insert(&mut self, a: Address) {
+        self.0 |= a.bit();
+    }
+
+    pub fn names(self) -> Vec<&'static str> {
+        Address::CLIENT
+            .into_iter()
+            .filter(|a| self.contains(*a))
+            .map(Address::name)
+            .collect()
+    }
+}
+
+/// The three LLM wire protocols, used both for client paths and upstream kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Chat,
+    Messages,
+    Responses,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::Chat, Protocol::Messages, Protocol::Responses];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Messages => "messages",
+            Self::Responses => "responses",
+        }
+    }
+
+    /// The client path that serves this protocol.
+    pub fn client_path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Messages => "/v1/messages",
+            Self::Responses => "/v1/responses",
+        }
+    }
+
+    /// What is appended to an upstream's `base_url`.
+    pub fn upstream_suffix(self) -> &'static str {
+        match self {
+            Self::Chat => "/chat/completions",
+            Self::Messages => "/messages",
+            Self::Responses => "/responses",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointSet(u8);
+
+impl EndpointSet {
+    pub const ALL: Self = Self(0b111);
+
+    pub fn contains(self, p: Protocol) -> bool {
+        self.0 & (1 << p as u8) != 0
+    }
+
+    fn insert(&mut self, p: Protocol) {
+        self.0 |= 1 << p as u8;
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Protocol> {
+        Protocol::ALL.into_iter().filter(move |p| self.contains(*p))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamKind {
+    Chat,
+    Messages,
+    Responses,
+    Video,
+    VeoVertex,
+    VeoGemini,
+    Mock,
+}
+
+impl UpstreamKind {
+    const ALL: [UpstreamKind; 7] = [
+        Self::Chat,
+        Self::Messages,
+        Self::Responses,
+        Self::Video,
+        Self::VeoVertex,
+        Self::VeoGemini,
+        Self::Mock,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Messages => "messages",
+            Self::Responses => "responses",
+            Self::Video => "video",
+            Self::VeoVertex => "veo-vertex",
+            Self::VeoGemini => "veo-gemini",
+            Self::Mock => "mock",
+        }
+    }
+
+    /// The LLM protocol this kind speaks natively, if it is an LLM upstream.
+    pub fn protocol(self) -> Option<Protocol> {
+        match self {
+            Self::Chat => Some(Protocol::Chat),
+            Self::Messages => Some(Protocol::Messages),
+            Self::Responses => Some(Protocol::Responses),
+            _ => None,
+        }
+    }
+
+    pub fn is_video(self) -> bool {
+        matches!(self, Self::Video | Self::VeoVertex | Self::VeoGemini)
+    }
+}
+
+/// How a model's upstream spells the thinking switch (gateway.md §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThinkingStyle {
+    None,
+    ChatTemplateKwargs,
+    EnableThinking,
+    ThinkingType,
+    Anthropic,
+}
+
+impl ThinkingStyle {
+    const ALL: [ThinkingStyle; 5] = [
+        Self::None,
+        Self::ChatTemplateKwargs,
+        Self::EnableThinking,
+        Self::ThinkingType,
+        Self::Anthropic,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::ChatTemplateKwargs => "chat_template_kwargs",
+            Self::EnableThinking => "enable_thinking",
+            Self::ThinkingType => "thinking_type",
+            Self::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// A secret header value; never printed.
+#[derive(Clone)]
+pub struct Secret(HeaderValue);
+
+impl Secret {
+    pub fn header_value(&self) -> &HeaderValue {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// An upstream's `base_url`, split so a suffix joins before the query string.
+#[derive(Clone, Debug)]
+pub struct BaseUrl {
+    pub text: String,
+    scheme: String,
+    authority: String,
+    path: String,
+    query: Option<String>,
+}
+
+impl BaseUrl {
+    fn parse(text: &str) -> Result<Self, String> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+        let scheme = uri.scheme_str().unwrap_or("");
+        if scheme != "http" && scheme != "https" {
+            return Err(format!("URL {text:?} must start with http:// or https://"));
+        }
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .ok_or_else(|| format!("URL {text:?} has no host"))?;
+        Ok(Self {
+            text: text.to_owned(),
+            scheme: scheme.to_owned(),
+            authority,
+            path: uri.path().trim_end_matches('/').to_owned(),
+            query: uri.query().map(str::to_owned),
+        })
+    }
+
+    /// `base_url` + `suffix`, keeping `base_url`'s query string.
+    pub fn join(&self, suffix: &str) -> Result<Uri, http::Error> {
+        let mut s = String::with_capacity(self.text.len() + suffix.len() + 8);
+        s.push_str(&self.scheme);
+        s.push_str("://");
+        s.push_str(&self.authority);
+        s.push_str(&self.path);
+        s.push_str(suffix);
+        if let Some(q) = &self.query {
+            s.push('?');
+            s.push_str(q);
+        }
+        Ok(Uri::try_from(s)?)
+    }
+}
+
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    pub kind: UpstreamKind,
+    pub base_url: Option<BaseUrl>,
+    pub credential: Option<Secret>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Prebuilt URLs for the three LLM protocols, indexed by `Protocol as usize`.
+    pub protocol_uris: [Option<Uri>; 3],
+}
+
+impl Upstream {
+    pub fn uri_for(&self, protocol: Protocol) -> Option<&Uri> {
+        self.protocol_uris[protocol as usize].as_ref()
+    }
+}
+
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub pattern: NamePattern,
+    pub upstream: Arc<Upstream>,
+    pub upstream_model: Option<String>,
+    pub endpoints: EndpointSet,
+    pub addresses: AddressSet,
+    pub vision: bool,
+    pub thinking: ThinkingStyle,
+    pub default_max_tokens: Option<u32>,
+}
+
+/// How a client key is stored.
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub name: String,
+    pub digest: [u8; 32],
+    /// True for a plaintext key in the file; allowed for demos, warned about at start.
+    pub plaintext: Option<String>,
+    pub addresses: AddressSet,
+    pub models: Vec<NamePattern>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request_bytes: u64,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub base: SocketAddr,
+    pub token_plan: Option<SocketAddr>,
+    pub video: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+impl Listen {
+    pub fn get(&self, a: Address) -> Option<SocketAddr> {
+        match a {
+            Address::Base => Some(self.base),
+            Address::TokenPlan => self.token_plan,
+            Address::Video => self.video,
+            Address::Admin => self.admin,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct VideoSettings {
+    /// The verification secrets; the first signs. Empty means "make a random one per process".
+    pub task_secrets: Vec<Vec<u8>>,
+    pub task_secrets_env: String,
+    pub public_url: Option<String>,
+    pub file_url_ttl: Duration,
+    pub status_cache: Duration,
+}
+
+/// The validated configuration.
+pub struct Config {
+    pub listen: Listen,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub limits: Limits,
+    pub video: VideoSettings,
+    pub keys: Vec<Key>,
+    pub upstreams: Vec<Arc<Upstream>>,
+    pub models: Vec<Arc<Model>>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("tls", &self.tls.is_some())
+            .field("limits", &self.limits)
+            .field("models", &self.models.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every problem found in a config file, each prefixed by its key path.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            f.write_str(e)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+// === raw serde types ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    base: String,
+    token_plan: Option<String>,
+    video: Option<String>,
+    admin: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_request_bytes: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    first_byte_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawVideo {
+    task_secrets_env: Option<String>,
+    public_url: Option<String>,
+    file_url_ttl_s: Option<u64>,
+    status_cache_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    name: String,
+    key: Option<String>,
+    sha256: Option<String>,
+    key_env: Option<String>,
+    addresses: Option<Vec<String>>,
+    models: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: String,
+    kind: String,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: String,
+    upstream: String,
+    upstream_model: Option<String>,
+    endpoints: Option<Vec<String>>,
+    addresses: Option<Vec<String>>,
+    #[serde(default)]
+    vision: bool,
+    thinking: Option<String>,
+    default_max_tokens: Option<u32>,
+}
+
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "tls",
+    "limits",
+    "video",
+    "keys",
+    "upstreams",
+    "models",
+];
+
+/// Collects errors with their key paths while validation goes on.
+struct Errors(Vec<String>);
+
+impl Errors {
+    fn push(&mut self, path: impl fmt::Display, msg: impl fmt::Display) {
+        self.0.push(format!("{path}: {msg}"));
+    }
+}
+
+/// Deserialises one table, reporting a type error or unknown key under `path`.
+fn section<T: for<'de> Deserialize<'de>>(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Errors,
+) -> Option<T> {
+    match T::deserialize(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(path, e.message().trim_end());
+            None
+        }
+    }
+}
+
+/// Deserialises an array of tables, one error per bad element.
+fn array_section<T: for<'de> Deserialize<'de>>(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Errors,
+) -> Vec<Option<T>> {
+    match value {
+        toml::Value::Array(items) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| section(item, &format!("{path}[{i}]"), errors))
+            .collect(),
+        _ => {
+            errors.push(path, "must be an array of tables ([[...]])");
+            Vec::new()
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates the file at `path`, with secrets from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors(vec![format!("{}: cannot read: {e}", path.display())]))?;
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, base_dir, &|name| std::env::var(name).ok())
+    }
+
+    /// Validates config text; `env` resolves secret variables and `base_dir` relative TLS paths.
+    pub fn parse(
+        text: &str,
+        base_dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigErrors(vec![format!("syntax: {e}")]))?;
+        let mut errors = Errors(Vec::new());
+        for key in table.keys() {
+            if !TOP_KEYS.contains(&key.as_str()) {
+                errors.push(
+                    key,
+                    format!("unknown key; expected one of {}", TOP_KEYS.join(", ")),
+                );
+            }
+        }
+        let mut table = table;
+        let raw_listen: Option<RawListen> = match table.remove("listen") {
+            Some(v) => section(v, "listen", &mut errors),
+            None => {
+                errors.push("listen", "missing; at least `base = \"host:port\"` is required");
+                None
+            }
+        };
+        let raw_tls: Option<RawTls> = table
+            .remove("tls")
+            .and_then(|v| section(v, "tls", &mut errors));
+        let raw_limits: RawLimits = table
+            .remove("limits")
+            .and_then(|v| section(v, "limits", &mut errors))
+            .unwrap_or_default();
+        let raw_video: RawVideo = table
+            .remove("video")
+            .and_then(|v| section(v, "video", &mut errors))
+            .unwrap_or_default();
+        let raw_keys: Vec<Option<RawKey>> = table
+            .remove("keys")
+            .map(|v| array_section(v, "keys", &mut errors))
+            .unwrap_or_default();
+        let raw_upstreams: Vec<Option<RawUpstream>> = table
+            .remove("upstreams")
+            .map(|v| array_section(v, "upstreams", &mut errors))
+            .unwrap_or_default();
+        let raw_models: Vec<Option<RawModel>> = table
+            .remove("models")
+            .map(|v| array_section(v, "models", &mut errors))
+            .unwrap_or_default();
+
+        let listen = raw_listen.and_then(|l| validate_listen(l, &mut errors));
+        let tls = raw_tls.and_then(|t| {
+            let cert = base_dir.join(&t.cert);
+            let key = base_dir.join(&t.key);
+            match crate::tls::server_config(&cert, &key) {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    errors.push("tls", e);
+                    None
+                }
+            }
+        });
+        let limits = validate_limits(&raw_limits, &mut errors);
+        let video = validate_video(raw_video, env, &mut errors);
+        let upstreams = validate_upstreams(raw_upstreams, env, &mut errors);
+        let models = validate_models(raw_models, &upstreams, listen.as_ref(), &mut errors);
+        let keys = validate_keys(raw_keys, env, &mut errors);
+
+        match listen {
+            Some(listen) if errors.0.is_empty() => Ok(Config {
+                listen,
+                tls,
+                limits,
+                video,
+                keys,
+                upstreams,
+                models,
+            }),
+            _ => Err(ConfigErrors(errors.0)),
+        }
+    }
+
+    /// The routing table as `modelgate check` prints it.
+    pub fn routing_table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let rows: Vec<[String; 6]> = self
+            .models
+            .iter()
+            .map(|m| {
+                let endpoints = if m.upstream.kind.is_video() || m.addresses == AddressSet::only(Address::Video) {
+                    "video".to_owned()
+                } else {
+                    m.endpoints
+                        .iter()
+                        .map(Protocol::name)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                [
+                    m.name.clone(),
+                    m.upstream.name.clone(),
+                    m.upstream.kind.name().to_owned(),
+                    m.upstream_model.clone().unwrap_or_else(|| "(same)".into()),
+                    endpoints,
+                    m.addresses.names().join(","),
+                ]
+            })
+            .collect();
+        let header = [
+            "MODEL",
+            "UPSTREAM",
+            "KIND",
+            "UPSTREAM MODEL",
+            "ENDPOINTS",
+            "ADDRESSES",
+        ];
+        let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let mut line = |cells: Vec<&str>| {
+            let mut l = String::new();
+            for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+                if i + 1 == cells.len() {
+                    l.push_str(cell);
+                } else {
+                    let _ = write!(l, "{cell:<w$}  ");
+                }
+            }
+            out.push_str(l.trim_end());
+            out.push('\n');
+        };
+        line(header.to_vec());
+        for row in &rows {
+            line(row.iter().map(String::as_str).collect());
+        }
+        let _ = writeln!(out);
+        for a in [
+            Address::Base,
+            Address::TokenPlan,
+            Address::Video,
+            Address::Admin,
+        ] {
+            if let Some(addr) = self.listen.get(a) {
+                let _ = writeln!(out, "listen {:<10} {addr}", a.name());
+            }
+        }
+        out
+    }
+}
+
+fn validate_listen(raw: RawListen, errors: &mut Errors) -> Option<Listen> {
+    let mut parse = |name: &str, text: &str| -> Option<SocketAddr> {
+        match text.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errors.push(
+                    format!("listen.{name}"),
+                    format!("invalid address {text:?}; expected host:port like \"127.0.0.1:8080\""),
+                );
+                None
+            }
+        }
+    };
+    let base = parse("base", &raw.base);
+    let token_plan = raw.token_plan.as_deref().and_then(|t| parse("token_plan", t));
+    let video = raw.video.as_deref().and_then(|t| parse("video", t));
+    let admin = raw.admin.as_deref().and_then(|t| parse("admin", t));
+    let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
+    for (name, addr) in [
+        ("base", base),
+        ("token_plan", token_plan),
+        ("video", video),
+        ("admin", admin),
+    ] {
+        if let Some(addr) = addr {
+            if let Some((other, _)) = seen.iter().find(|(_, a)| *a == addr && addr.port() != 0) {
+                errors.push(
+                    format!("listen.{name}"),
+                    format!("address {addr} is already used by listen.{other}"),
+                );
+            }
+            seen.push((name, addr));
+        }
+    }
+    Some(Listen {
+        base: base?,
+        token_plan,
+        video,
+        admin,
+    })
+}
+
+fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {
+    let mut ms = |name: &str, v: Option<u64>, default: u64| {
+        let v = v.unwrap_or(default);
+        if v == 0 {
+            errors.push(format!("limits.{name}"), "must be greater than 0");
+        }
+        Duration::from_millis(v)
+    };
+    let limits = Limits {
+        max_request_bytes: raw.max_request_bytes.unwrap_or(32 * 1024 * 1024),
+        connect_timeout: ms("connect_timeout_ms", raw.connect_timeout_ms, 5_000),
+        first_byte_timeout: ms("first_byte_timeout_ms", raw.first_byte_timeout_ms, 300_000),
+        idle_timeout: ms("idle_timeout_ms", raw.idle_timeout_ms, 300_000),
+    };
+    if limits.max_request_bytes == 0 {
+        errors.push("limits.max_request_bytes", "must be greater than 0");
+    }
+    limits
+}
+
+fn validate_video(
+    raw: RawVideo,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> VideoSettings {
+    let task_secrets_env = raw
+        .task_secrets_env
+        .unwrap_or_else(|| "MODELGATE_TASK_SECRETS".to_owned());
+    // An unset variable is allowed (a random secret is made at start, with a warning);
+    // a set one must hold usable secrets.
+    let task_secrets = match env(&task_secrets_env) {
+        Some(v) => {
+            let secrets: Vec<Vec<u8>> = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.as_bytes().to_vec())
+                .collect();
+            if secrets.is_empty() {
+                errors.push(
+                    "video.task_secrets_env",
+                    format!("environment variable {task_secrets_env} is set but holds no secret"),
+                );
+            }
+            secrets
+        }
+        None => Vec::new(),
+    };
+    if let Some(url) = &raw.public_url {
+        if let Err(e) = BaseUrl::parse(url) {
+            errors.push("video.public_url", e);
+        }
+    }
+    VideoSettings {
+        task_secrets,
+        task_secrets_env,
+        public_url: raw.public_url.map(|u| u.trim_end_matches('/').to_owned()),
+        file_url_ttl: Duration::from_secs(raw.file_url_ttl_s.unwrap_or(86_400)),
+        status_cache: Duration::from_millis(raw.status_cache_ms.unwrap_or(1_000)),
+    }
+}
+
+/// Reads a secret from the environment; a missing or empty variable is an error at `path`.
+fn env_secret(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    path: String,
+    errors: &mut Errors,
+) -> Option<String> {
+    match env(var) {
+        Some(v) if !v.is_empty() => Some(v),
+        _ => {
+            errors.push(path, format!("environment variable {var} is not set"));
+            None
+        }
+    }
+}
+
+fn validate_upstreams(
+    raw: Vec<Option<RawUpstream>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> Vec<Arc<Upstream>> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, u) in raw.into_iter().enumerate() {
+        let Some(u) = u else { continue };
+        let path = format!("upstreams[{i}]");
+        if u.name.is_empty() {
+            errors.push(format!("{path}.name"), "must not be empty");
+        } else if !names.insert(u.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("duplicate upstream name {:?}", u.name),
+            );
+        }
+        let Some(kind) = UpstreamKind::ALL.into_iter().find(|k| k.name() == u.kind) else {
+            let allowed: Vec<_> = UpstreamKind::ALL.iter().map(|k| k.name()).collect();
+            errors.push(
+                format!("{path}.kind"),
+                format!("unknown kind {:?}; allowed: {}", u.kind, allowed.join(", ")),
+            );
+            continue;
+        };
+        let base_url = match (&u.base_url, kind) {
+            (Some(_), UpstreamKind::Mock) => {
+                errors.push(
+                    format!("{path}.base_url"),
+                    "a mock upstream is built in and takes no base_url",
+                );
+                None
+            }
+            (None, UpstreamKind::Mock) => None,
+            (None, _) => {
+                errors.push(
+                    format!("{path}.base_url"),
+                    format!("required for kind {:?}", kind.name()),
+                );
+                None
+            }
+            (Some(text), _) => match BaseUrl::parse(text) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    errors.push(format!("{path}.base_url"), e);
+                    None
+                }
+            },
+        };
+        let credential = match &u.api_key_env {
+            Some(var) => env_secret(env, var, format!("{path}.api_key_env"), errors).and_then(
+                |value| {
+                    let formatted = match kind {
+                        UpstreamKind::Messages | UpstreamKind::VeoGemini => value,
+                        _ => format!("Bearer {value}"),
+                    };
+                    match HeaderValue::try_from(formatted) {
+                        Ok(mut hv) => {
+                            hv.set_sensitive(true);
+                            Some(Secret(hv))
+                        }
+                        Err(_) => {
+                            errors.push(
+                                format!("{path}.api_key_env"),
+                                format!("the value of {var} is not a valid header value"),
+                            );
+                            None
+                        }
+                    }
+                },
+            ),
+            None => {
+                if matches!(kind, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) {
+                    errors.push(
+                        format!("{path}.api_key_env"),
+                        format!("required for kind {:?}", kind.name()),
+                    );
+                }
+                None
+            }
+        };
+        let mut headers = Vec::new();
+        for (name, value) in &u.headers {
+            let hpath = format!("{path}.headers.{name}");
+            match (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                (Ok(n), Ok(v)) => headers.push((n, v)),
+                (Err(_), _) => errors.push(hpath, "invalid header name"),
+                (_, Err(_)) => errors.push(hpath, "invalid header value"),
+            }
+        }
+        let mut protocol_uris: [Option<Uri>; 3] = [None, None, None];
+        if let (Some(b), Some(_)) = (&base_url, kind.protocol()) {
+            for p in Protocol::ALL {
+                match b.join(p.upstream_suffix()) {
+                    Ok(uri) => protocol_uris[p as usize] = Some(uri),
+                    Err(e) => errors.push(format!("{path}.base_url"), e),
+                }
+            }
+        }
+        out.push(Arc::new(Upstream {
+            name: u.name,
+            kind,
+            base_url,
+            credential,
+            headers,
+            protocol_uris,
+        }));
+    }
+    out
+}
+
+fn parse_addresses(
+    list: &[String],
+    path: &str,
+    listen: Option<&Listen>,
+    errors: &mut Errors,
+) -> AddressSet {
+    let mut set = AddressSet::default();
+    for (j, name) in list.iter().enumerate() {
+        match Address::parse_client(name) {
+            Some(a) => {
+                if listen.is_some_and(|l| l.get(a).is_none()) {
+                    errors.push(
+                        format!("{path}[{j}]"),
+                        format!("address {name:?} has no listener in [listen]"),
+                    );
+                }
+                set.insert(a);
+            }
+            None => errors.push(
+                format!("{path}[{j}]"),
+                format!("unknown address {name:?}; allowed: base, token_plan, video"),
+            ),
+        }
+    }
+    set
+}
+
+fn parse_pattern(text: &str, path: String, errors: &mut Errors) -> Option<NamePattern> {
+    match NamePattern::parse(text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            errors.push(path, e);
+            None
+        }
+    }
+}
+
+/// The two video model names of the interface (§2.5); on the mock they default to the video address.
+const VIDEO_MODELS: [&str; 2] = ["video-3.1-generate-001", "video-3.1-fast-generate-001"];
+
+fn validate_models(
+    raw: Vec<Option<RawModel>>,
+    upstreams: &[Arc<Upstream>],
+    listen: Option<&Listen>,
+    errors: &mut Errors,
+) -> Vec<Arc<Model>> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, m) in raw.into_iter().enumerate() {
+        let Some(m) = m else { continue };
+        let path = format!("models[{i}]");
+        if !names.insert(m.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("duplicate model name {:?}", m.name),
+            );
+        }
+        let pattern = parse_pattern(&m.name, format!("{path}.name"), errors);
+        let upstream = upstreams.iter().find(|u| u.name == m.upstream).cloned();
+        if upstream.is_none() {
+            errors.push(
+                format!("{path}.upstream"),
+                format!("no upstream named {:?}", m.upstream),
+            );
+        }
+        if m.upstream_model.as_deref() == Some("") {
+            errors.push(format!("{path}.upstream_model"), "must not be empty");
+        }
+        let endpoints = match &m.endpoints {
+            None => EndpointSet::ALL,
+            Some(list) => {
+                let mut set = EndpointSet::default();
+                for (j, e) in list.iter().enumerate() {
+                    match Protocol::parse(e) {
+                        Some(p) => set.insert(p),
+                        None => errors.push(
+                            format!("{path}.endpoints[{j}]"),
+                            format!("unknown endpoint {e:?}; allowed: chat, messages, responses"),
+                        ),
+                    }
+                }
+                if list.is_empty() {
+                    errors.push(format!("{path}.endpoints"), "must not be empty");
+                }
+                set
+            }
+        };
+        let is_video = upstream.as_ref().is_some_and(|u| {
+            u.kind.is_video()
+                || (u.kind == UpstreamKind::Mock && VIDEO_MODELS.contains(&m.name.as_str()))
+        });
+        let addresses = match &m.addresses {
+            None if is_video => AddressSet::only(Address::Video),
+            None => AddressSet::only(Address::Base),
+            Some(list) => {
+                let set = parse_addresses(list, &format!("{path}.addresses"), listen, errors);
+                if list.is_empty() {
+                    errors.push(format!("{path}.addresses"), "must not be empty");
+                }
+                set
+            }
+        };
+        if let Some(u) = &upstream {
+            if u.kind.is_video() && (addresses.contains(Address::Base) || addresses.contains(Address::TokenPlan)) {
+                errors.push(
+                    format!("{path}.addresses"),
+                    format!("upstream {:?} is a video upstream; it can only be served on the video address", u.name),
+                );
+            }
+            if u.kind.protocol().is_some() && addresses.contains(Address::Video) {
+                errors.push(
+                    format!("{path}.addresses"),
+                    format!("upstream {:?} is an LLM upstream; the video address serves only video models", u.name),
+                );
+            }
+        }
+        if addresses.contains(Address::TokenPlan) && !endpoints.contains(Protocol::Chat) {
+            errors.push(
+                format!("{path}.addresses"),
+                "token_plan serves only chat completions, but endpoints excludes \"chat\"",
+            );
+        }
+        let thinking = match m.thinking.as_deref() {
+            None => ThinkingStyle::None,
+            Some(t) => match ThinkingStyle::ALL.into_iter().find(|s| s.name() == t) {
+                Some(s) => s,
+                None => {
+                    let allowed: Vec<_> = ThinkingStyle::ALL.iter().map(|s| s.name()).collect();
+                    errors.push(
+                        format!("{path}.thinking"),
+                        format!("unknown value {t:?}; allowed: {}", allowed.join(", ")),
+                    );
+                    ThinkingStyle::None
+                }
+            },
+        };
+        if m.default_max_tokens == Some(0) {
+            errors.push(format!("{path}.default_max_tokens"), "must be greater than 0");
+        }
+        if let (Some(pattern), Some(upstream)) = (pattern, upstream) {
+            out.push(Arc::new(Model {
+                name: m.name,
+                pattern,
+                upstream,
+                upstream_model: m.upstream_model,
+                endpoints,
+                addresses,
+                vision: m.vision,
+                thinking,
+                default_max_tokens: m.default_max_tokens,
+            }));
+        }
+    }
+    out
+}
+
+fn validate_keys(
+    raw: Vec<Option<RawKey>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> Vec<Key> {
+    use sha2::{Digest, Sha256};
+    let mut names = HashSet::new();
+    let mut digests = HashSet::new();
+    let mut out = Vec::new();
+    for (i, k) in raw.into_iter().enumerate() {
+        let Some(k) = k else { continue };
+        let path = format!("keys[{i}]");
+        if k.name.is_empty() {
+            errors.push(format!("{path}.name"), "must not be empty");
+        } else if !names.insert(k.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("duplicate key name {:?}", k.name),
+            );
+        }
+        let given = [k.key.is_some(), k.sha256.is_some(), k.key_env.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
+        if given != 1 {
+            errors.push(
+                path.clone(),
+                "exactly one of `key` (demo only), `sha256` or `key_env` is required",
+            );
+            continue;
+        }
+        let mut plaintext = None;
+        let digest: Option<[u8; 32]> = if let Some(key) = &k.key {
+            plaintext = Some(key.clone());
+            Some(Sha256::digest(key.as_bytes()).into())
+        } else if let Some(hexed) = &k.sha256 {
+            let mut d = [0u8; 32];
+            match hex::decode_to_slice(hexed.trim(), &mut d) {
+                Ok(()) => Some(d),
+                Err(_) => {
+                    errors.push(
+                        format!("{path}.sha256"),
+                        "must be 64 hex characters (the output of `modelgate hash-key`)",
+                    );
+                    None
+                }
+            }
+        } else if let Some(var) = &k.key_env {
+            env_secret(env, var, format!("{path}.key_env"), errors)
+                .map(|v| Sha256::digest(v.as_bytes()).into())
+        } else {
+            None
+        };
+        if let Some(d) = digest {
+            if !digests.insert(d) {
+                errors.push(path.clone(), "the same key is configured twice");
+            }
+        }
+        let addresses = match &k.addresses {
+            None => AddressSet::all_client(),
+            Some(list) => parse_addresses(list, &format!("{path}.addresses"), None, errors),
+        };
+        let models = match &k.models {
+            None => vec![NamePattern::Any],
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .filter_map(|(j, p)| parse_pattern(p, format!("{path}.models[{j}]"), errors))
+                .collect(),
+        };
+        if let Some(digest) = digest {
+            out.push(Key {
+                name: k.name,
+                digest,
+                plaintext,
+                addresses,
+                models,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

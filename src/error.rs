@@ -1,0 +1,263 @@
+//! Gateway errors: one typed value per failure, rendered once, in the client protocol's own shape.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{self, Body};
+
+/// The error body a path answers with (gateway.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","param","code"}}`: chat, responses, models, unknown base paths.
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`: `/v1/messages`.
+    Anthropic,
+    /// `{"code","msg","data":null}`: the video address.
+    Video,
+    /// Plain text: the admin address.
+    Text,
+}
+
+/// Which side of the proxy failed; decides logging level and whether a retry could help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Upstream,
+    Internal,
+}
+
+/// What went wrong, closed list; each kind has one status and one name per error shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    ModelNotFound,
+    MethodNotAllowed,
+    TooLarge,
+    RateLimited,
+    UpstreamUnreachable,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn side(self) -> Side {
+        match self {
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
+                Side::Upstream
+            }
+            Self::Internal => Side::Internal,
+            _ => Side::Client,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    fn openai_type(self) -> &'static str {
+        match self {
+            Self::InvalidRequest
+            | Self::NotFound
+            | Self::ModelNotFound
+            | Self::MethodNotAllowed
+            | Self::TooLarge => "invalid_request_error",
+            Self::Unauthorized => "authentication_error",
+            Self::Forbidden => "permission_error",
+            Self::RateLimited => "rate_limit_error",
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
+                "upstream_error"
+            }
+            Self::Internal => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`, a stable machine-readable name.
+    fn openai_code(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_value",
+            Self::Unauthorized => "invalid_api_key",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::ModelNotFound => "model_not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::TooLarge => "request_too_large",
+            Self::RateLimited => "rate_limit_exceeded",
+            Self::UpstreamUnreachable => "upstream_unreachable",
+            Self::UpstreamBadResponse => "upstream_bad_response",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::Internal => "internal_error",
+        }
+    }
+
+    /// Anthropic's `error.type` (B.6 of the protocol reference).
+    fn anthropic_type(self) -> &'static str {
+        match self {
+            Self::InvalidRequest | Self::MethodNotAllowed => "invalid_request_error",
+            Self::Unauthorized => "authentication_error",
+            Self::Forbidden => "permission_error",
+            Self::NotFound | Self::ModelNotFound => "not_found_error",
+            Self::TooLarge => "request_too_large",
+            Self::RateLimited => "rate_limit_error",
+            Self::UpstreamTimeout => "timeout_error",
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::Internal => "api_error",
+        }
+    }
+
+    /// The video envelope's code and short name (gateway.md §5).
+    fn video_code(self) -> (u32, &'static str) {
+        match self {
+            Self::InvalidRequest => (100400, "INVALID_PARAMETER"),
+            Self::Unauthorized => (100401, "UNAUTHORIZED"),
+            Self::Forbidden => (100403, "FORBIDDEN"),
+            Self::NotFound | Self::ModelNotFound => (100404, "NOT_FOUND"),
+            Self::MethodNotAllowed => (100405, "METHOD_NOT_ALLOWED"),
+            Self::TooLarge => (100413, "TOO_LARGE"),
+            Self::RateLimited => (100429, "RATE_LIMITED"),
+            Self::Internal => (100500, "INTERNAL_ERROR"),
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse => (100502, "UPSTREAM_ERROR"),
+            Self::UpstreamTimeout => (100504, "UPSTREAM_TIMEOUT"),
+        }
+    }
+}
+
+/// A failure on the request path, made where it happens and rendered by the pipeline.
+#[derive(Debug, Clone)]
+pub struct GatewayError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field at fault, as a path (`messages[2].content[0].type`).
+    pub param: Option<String>,
+    /// Headers that must survive into the answer (`allow` on 405).
+    pub allow: Option<&'static str>,
+}
+
+impl GatewayError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            param: None,
+            allow: None,
+        }
+    }
+
+    /// A 400 naming the field and what it allows.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+            param: Some(param.into()),
+            allow: None,
+        }
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn method_not_allowed(allow: &'static str) -> Self {
+        Self {
+            kind: ErrorKind::MethodNotAllowed,
+            message: format!("method not allowed on this path; allowed: {allow}"),
+            param: None,
+            allow: Some(allow),
+        }
+    }
+
+    pub fn side(&self) -> Side {
+        self.kind.side()
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    /// Renders the error as a complete response in `shape`.
+    pub fn into_response(self, shape: ErrorShape) -> Response<Body> {
+        let (content_type, bytes) = self.render(shape);
+        let mut resp = Response::new(body::full(bytes));
+        *resp.status_mut() = self.status();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(allow) = self.allow {
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        resp
+    }
+
+    /// The body bytes and their content type for `shape`.
+    pub fn render(&self, shape: ErrorShape) -> (&'static str, Bytes) {
+        let value = match shape {
+            ErrorShape::OpenAi => serde_json::json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.kind.openai_type(),
+                    "param": self.param,
+                    "code": self.kind.openai_code(),
+                }
+            }),
+            ErrorShape::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {"type": self.kind.anthropic_type(), "message": self.message},
+            }),
+            ErrorShape::Video => {
+                let (code, name) = self.kind.video_code();
+                serde_json::json!({
+                    "code": code,
+                    "msg": format!("{name}: {}", self.message),
+                    "data": null,
+                })
+            }
+            ErrorShape::Text => {
+                return (
+                    "text/plain; charset=utf-8",
+                    Bytes::from(format!("{}\n", self.message)),
+                )
+            }
+        };
+        ("application/json", Bytes::from(value.to_string()))
+    }
+
+    /// The in-stream error object of a chat stream (`data: {"error":{…}}`).
+    pub fn openai_error_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind.openai_type(),
+                "param": self.param,
+                "code": self.kind.openai_code(),
+            }
+        })
+    }
+}
+
+impl fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.param {
+            Some(p) => write!(f, "{}: {}", p, self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for GatewayError {}

@@ -1,0 +1,268 @@
+//! A top-level JSON object kept as raw values, so the gateway edits a few keys and forwards the rest byte for byte.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// What a field's value was expected to be; renders into "expected …" messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    String,
+    Bool,
+    Number,
+    Integer,
+    Object,
+    Array,
+}
+
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::String => "a string",
+            Self::Bool => "a boolean",
+            Self::Number => "a number",
+            Self::Integer => "an integer",
+            Self::Object => "an object",
+            Self::Array => "an array",
+        })
+    }
+}
+
+/// A JSON object whose values stay unparsed until a caller asks for one.
+///
+/// Key order is kept, and a repeated key keeps only its last value (as serde_json's `Value`
+/// does), so what the gateway validates is exactly what the upstream receives.
+#[derive(Debug, Default, Clone)]
+pub struct RawObject<'a> {
+    entries: Vec<(Cow<'a, str>, Cow<'a, RawValue>)>,
+}
+
+impl<'a> RawObject<'a> {
+    /// Parses `bytes` as one JSON object.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let obj = Self::deserialize(&mut de)?;
+        de.end()?;
+        Ok(obj)
+    }
+
+    /// Parses a raw value that must itself be an object.
+    pub fn from_raw(raw: &'a RawValue) -> Option<Self> {
+        if !raw.get().starts_with('{') {
+            return None;
+        }
+        serde_json::from_str(raw.get()).ok()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// The value of `key`, treating JSON `null` as absent (as OpenAI's API does).
+    pub fn get_present(&self, key: &str) -> Option<&RawValue> {
+        self.get(key).filter(|v| v.get() != "null")
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<Cow<'a, RawValue>> {
+        let pos = self.entries.iter().position(|(k, _)| k == key)?;
+        Some(self.entries.remove(pos).1)
+    }
+
+    /// Replaces `key`'s value in place, or appends the key when it is absent.
+    pub fn set(&mut self, key: &'a str, value: Box<RawValue>) {
+        match self.entries.iter_mut().find(|(k, _)| k == key) {
+            Some(entry) => entry.1 = Cow::Owned(value),
+            None => self.entries.push((Cow::Borrowed(key), Cow::Owned(value))),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|(k, _)| k.as_ref())
+    }
+
+    /// Writes the object back out; untouched values are copied verbatim.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let size: usize = self
+            .entries
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum();
+        let mut out = Vec::with_capacity(size + 2);
+        out.push(b'{');
+        for (i, (k, v)) in self.entries.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_str(&mut out, k);
+            out.push(b':');
+            out.extend_from_slice(v.get().as_bytes());
+        }
+        out.push(b'}');
+        out
+    }
+
+    pub fn to_raw(&self) -> Box<RawValue> {
+        // The bytes come from valid raw values joined with valid keys, so this cannot fail;
+        // fall back to an empty object rather than panic if that ever changes.
+        let text = String::from_utf8(self.to_vec()).unwrap_or_else(|_| "{}".to_owned());
+        RawValue::from_string(text).unwrap_or_else(|_| raw_literal("{}"))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for ObjVisitor<'a> {
+            type Value = RawObject<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut entries: Vec<(Cow<'a, str>, Cow<'a, RawValue>)> =
+                    Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    if let Some(pos) = entries.iter().position(|(k, _)| *k == key) {
+                        entries.remove(pos);
+                    }
+                    entries.push((key, Cow::Borrowed(value)));
+                }
+                Ok(RawObject { entries })
+            }
+        }
+
+        deserializer.deserialize_map(ObjVisitor(std::marker::PhantomData))
+    }
+}
+
+/// Writes `s` as a JSON string literal.
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // serde_json's string escaping cannot fail when writing into a Vec.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// A raw value from a literal the gateway itself writes.
+pub fn raw_literal(text: &'static str) -> Box<RawValue> {
+    RawValue::from_string(text.to_owned()).unwrap_or_else(|_| {
+        // Only reachable if a literal in this crate is malformed JSON.
+        RawValue::from_string("null".to_owned()).unwrap_or_default()
+    })
+}
+
+/// Serialises `value` as a raw value.
+pub fn to_raw<T: serde::Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| raw_literal("null"))
+}
+
+/// JSON's type name of a raw value, for messages like "got a string".
+pub fn type_name(raw: &RawValue) -> &'static str {
+    match raw.get().as_bytes().first() {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
+/// A typed read of one raw value, with the expectation named on failure.
+pub fn as_str(raw: &RawValue) -> Result<Cow<'_, str>, Expected> {
+    if !raw.get().starts_with('"') {
+        return Err(Expected::String);
+    }
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).map_err(|_| Expected::String)
+}
+
+pub fn as_bool(raw: &RawValue) -> Result<bool, Expected> {
+    match raw.get() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(Expected::Bool),
+    }
+}
+
+pub fn as_f64(raw: &RawValue) -> Result<f64, Expected> {
+    let first = raw.get().as_bytes().first().copied().unwrap_or(b'x');
+    if !(first == b'-' || first.is_ascii_digit()) {
+        return Err(Expected::Number);
+    }
+    serde_json::from_str::<f64>(raw.get()).map_err(|_| Expected::Number)
+}
+
+/// An integer; `2.0` is refused as OpenAI's API does, so the upstream never sees a float here.
+pub fn as_i64(raw: &RawValue) -> Result<i64, Expected> {
+    serde_json::from_str::<i64>(raw.get()).map_err(|_| Expected::Integer)
+}
+
+pub fn as_array(raw: &RawValue) -> Result<Vec<&RawValue>, Expected> {
+    if !raw.get().starts_with('[') {
+        return Err(Expected::Array);
+    }
+    serde_json::from_str::<Vec<&RawValue>>(raw.get()).map_err(|_| Expected::Array)
+}
+
+pub fn as_object(raw: &RawValue) -> Result<RawObject<'_>, Expected> {
+    RawObject::from_raw(raw).ok_or(Expected::Object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_order_and_raw_values() {
+        let src = br#"{"b":1,"a":{"x": [1, 2]},"model":"m"}"#;
+        let mut obj = RawObject::parse(src).unwrap();
+        obj.set("model", to_raw("n"));
+        assert_eq!(obj.to_vec(), br#"{"b":1,"a":{"x": [1, 2]},"model":"n"}"#);
+    }
+
+    #[test]
+    fn last_duplicate_wins() {
+        let obj = RawObject::parse(br#"{"a":1,"a":2}"#).unwrap();
+        assert_eq!(obj.get("a").unwrap().get(), "2");
+        assert_eq!(obj.to_vec(), br#"{"a":2}"#);
+    }
+
+    #[test]
+    fn escaped_keys_round_trip() {
+        let obj = RawObject::parse(br#"{"a\"b":true}"#).unwrap();
+        assert!(obj.contains("a\"b"));
+        assert_eq!(obj.to_vec(), br#"{"a\"b":true}"#);
+    }
+
+    #[test]
+    fn rejects_non_objects_and_trailing_garbage() {
+        assert!(RawObject::parse(b"[1]").is_err());
+        assert!(RawObject::parse(b"{} x").is_err());
+        assert!(RawObject::parse(b"{\"a\":").is_err());
+    }
+
+    #[test]
+    fn typed_reads() {
+        let v: Box<RawValue> = RawValue::from_string("2.0".into()).unwrap();
+        assert_eq!(as_i64(&v), Err(Expected::Integer));
+        assert_eq!(as_f64(&v), Ok(2.0));
+        let s: Box<RawValue> = RawValue::from_string("\"x\\n\"".into()).unwrap();
+        assert_eq!(as_str(&s).unwrap(), "x\n");
+        assert_eq!(as_bool(&s), Err(Expected::Bool));
+    }
+}

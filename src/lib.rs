@@ -1,0 +1,32 @@
+//! modelgate: a reverse proxy and protocol translator in front of LLM and video providers.
+//!
+//! A request's way through the code, one module per stage:
+//!
+//! ```text
+//! server      accept TCP (TLS by rustls), HTTP/1.1 + HTTP/2, graceful shutdown
+//!  └─ pipeline     the stages below in order; the one place an error becomes a response
+//!       ├─ auth         Bearer / x-api-key → Principal, looked up by SHA-256 digest
+//!       ├─ route        address + model name → configured Model (exact, then longest prefix*)
+//!       ├─ validate     the interface's rules, before anything goes upstream
+//!       ├─ passthrough  same protocol: targeted edits (model, thinking switch), bytes otherwise kept
+//!       ├─ upstream     pooled hyper-util client over rustls; URL join, credential, header hygiene
+//!       └─ body         the response body polled frame by frame: idle timeout, in-stream errors
+//! ```
+//!
+//! `config` turns the TOML file into the validated types every stage reads; `mock` is the
+//! built-in upstream; `json` keeps request bodies as raw values so unknown fields survive.
+
+pub mod auth;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod json;
+pub mod metrics;
+pub mod mock;
+pub mod passthrough;
+pub mod pipeline;
+pub mod route;
+pub mod server;
+pub mod tls;
+pub mod upstream;
+pub mod validate;

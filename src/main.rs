@@ -1,0 +1,240 @@
+//! The `modelgate` command line: serve | check | hash-key | mock.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use modelgate::config::{Address, Config, UpstreamKind};
+use modelgate::{auth, mock, server};
+
+/// How long in-flight requests may run after SIGINT/SIGTERM before the process exits anyway.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Parser)]
+#[command(name = "modelgate", version, about = "An LLM and video API gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Config file [default: $MODELGATE_CONFIG, else config/modelgate.toml]
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file and print the routing table (exit 1 with every error found).
+    Check {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Read a key on stdin and print its SHA-256 hex digest for `[[keys]] sha256`.
+    HashKey,
+    /// Run the mock upstream on its own port.
+    Mock {
+        #[arg(long, default_value = "127.0.0.1:9999")]
+        listen: String,
+        /// Pause between streamed chunks, to make streaming visible.
+        #[arg(long, default_value_t = 0)]
+        chunk_delay_ms: u64,
+    },
+}
+
+fn config_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("MODELGATE_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("config/modelgate.toml"))
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::HashKey => hash_key(),
+        Command::Check { config } => check(config_path(config)),
+        Command::Serve { config } => {
+            init_logging();
+            run(serve(config_path(config)))
+        }
+        Command::Mock {
+            listen,
+            chunk_delay_ms,
+        } => {
+            init_logging();
+            run(run_mock(listen, Duration::from_millis(chunk_delay_ms)))
+        }
+    }
+}
+
+fn run(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn hash_key() -> ExitCode {
+    let mut input = String::new();
+    if let Err(e) = std::io::stdin().read_to_string(&mut input) {
+        eprintln!("cannot read stdin: {e}");
+        return ExitCode::FAILURE;
+    }
+    let key = input
+        .strip_suffix("\r\n")
+        .or_else(|| input.strip_suffix('\n'))
+        .unwrap_or(&input);
+    if key.is_empty() {
+        eprintln!("no key on stdin");
+        return ExitCode::FAILURE;
+    }
+    println!("{}", auth::hash_key(key));
+    ExitCode::SUCCESS
+}
+
+fn check(path: PathBuf) -> ExitCode {
+    match Config::load(&path) {
+        Ok(config) => {
+            print!("{}", config.routing_table());
+            println!("{}: OK", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+            for e in &errors.0 {
+                eprintln!("  {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(path: PathBuf) -> ExitCode {
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(errors) => {
+            tracing::error!(config = %path.display(), "invalid config");
+            for e in &errors.0 {
+                eprintln!("  {e}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    for k in config.keys.iter().filter(|k| k.plaintext.is_some()) {
+        tracing::warn!(key = %k.name, "plaintext key in the config file: fine for a demo, use sha256 or key_env in production");
+    }
+    if config.video.task_secrets.is_empty() {
+        tracing::warn!(
+            var = %config.video.task_secrets_env,
+            "no video task secret set: using a random one, so task ids will not survive a restart"
+        );
+    }
+    let running = match server::start(&config).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    for a in [Address::Base, Address::TokenPlan, Address::Video, Address::Admin] {
+        if let Some(addr) = running.addr(a) {
+            let scheme = if a == Address::Admin { "http" } else { scheme };
+            tracing::info!(listener = a.name(), "listening on {scheme}://{addr}");
+        }
+    }
+    print_try_it(&config, &running, scheme);
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, waiting for in-flight requests");
+    running.shutdown(SHUTDOWN_DEADLINE).await;
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}
+
+/// For a config with a demo key and a mock-served chat model, a curl line that works as printed.
+///
+/// The key printed is the plaintext demo key already in the file; real keys are never printed.
+fn print_try_it(config: &Config, running: &server::RunningGateway, scheme: &str) {
+    let Some(key) = config.keys.iter().find_map(|k| {
+        k.addresses
+            .contains(Address::Base)
+            .then_some(k.plaintext.as_deref())
+            .flatten()
+    }) else {
+        return;
+    };
+    let Some(model) = config.models.iter().find(|m| {
+        m.upstream.kind == UpstreamKind::Mock
+            && m.addresses.contains(Address::Base)
+            && matches!(m.pattern, modelgate::route::NamePattern::Exact(_))
+    }) else {
+        return;
+    };
+    let Some(addr) = running.addr(Address::Base) else {
+        return;
+    };
+    println!(
+        "\nTry it:\n  curl {scheme}://{addr}/v1/chat/completions -H 'Authorization: Bearer {key}' \\\n    -H 'Content-Type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello there\"}}]}}'\n",
+        model.name
+    );
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn run_mock(listen: String, delay: Duration) -> ExitCode {
+    let listener = match tokio::net::TcpListener::bind(&listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cannot listen on {listen}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match listener.local_addr() {
+        Ok(addr) => tracing::info!("mock upstream listening on http://{addr}/v1"),
+        Err(e) => tracing::warn!(error = %e, "mock upstream started"),
+    }
+    tokio::select! {
+        res = mock::serve_standalone(listener, delay) => {
+            if let Err(e) = res {
+                tracing::error!(error = %e, "mock stopped");
+                return ExitCode::FAILURE;
+            }
+        }
+        _ = wait_for_signal() => {}
+    }
+    ExitCode::SUCCESS
+}

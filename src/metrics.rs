@@ -1,0 +1,58 @@
+//! Counters for `/metrics` in Prometheus text format: requests by address and status class, upstream calls, in-flight requests.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crate::config::Address;
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// `[address][status class 1..=5]`.
+    requests: [[AtomicU64; 5]; 4],
+    upstream_requests: AtomicU64,
+    upstream_failures: AtomicU64,
+    in_flight: AtomicI64,
+}
+
+impl Metrics {
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn request_finished(&self, address: Address, status: u16) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let class = usize::from((status / 100).clamp(1, 5)) - 1;
+        self.requests[address as usize][class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn upstream_call(&self, failed: bool) {
+        self.upstream_requests.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.upstream_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(1024);
+        out.push_str("# HELP modelgate_requests_total Requests answered, by address and status class.\n");
+        out.push_str("# TYPE modelgate_requests_total counter\n");
+        for a in [Address::Base, Address::TokenPlan, Address::Video, Address::Admin] {
+            for (i, c) in self.requests[a as usize].iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "modelgate_requests_total{{address=\"{}\",status=\"{}xx\"}} {}",
+                    a.name(),
+                    i + 1,
+                    c.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(out, "# TYPE modelgate_upstream_requests_total counter");
+        let _ = writeln!(out, "modelgate_upstream_requests_total {}", self.upstream_requests.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# TYPE modelgate_upstream_failures_total counter");
+        let _ = writeln!(out, "modelgate_upstream_failures_total {}", self.upstream_failures.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# TYPE modelgate_in_flight_requests gauge");
+        let _ = writeln!(out, "modelgate_in_flight_requests {}", self.in_flight.load(Ordering::Relaxed));
+        out
+    }
+}

@@ -1,0 +1,376 @@
+//! The request path: endpoint → auth → body → route → validate → passthrough/translate → upstream → response; the one place an error becomes a response.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::auth::{KeyStore, Principal};
+use crate::body::{self, Body, StreamGuard, UpstreamBody};
+use crate::config::{Address, Config, Limits, Model, Protocol, UpstreamKind};
+use crate::error::{ErrorKind, ErrorShape, GatewayError};
+use crate::json::RawObject;
+use crate::metrics::Metrics;
+use crate::route::{self, ModelTable, NamePattern};
+use crate::upstream::{self, UpstreamClient};
+use crate::{mock, passthrough, validate};
+
+/// Everything a request needs, built once from the config and shared by all connections.
+pub struct Gateway {
+    pub keys: KeyStore,
+    pub models: ModelTable,
+    pub client: UpstreamClient,
+    pub limits: Limits,
+    pub metrics: Metrics,
+    ready: AtomicBool,
+}
+
+impl Gateway {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            keys: KeyStore::new(&config.keys),
+            models: ModelTable::new(&config.models),
+            client: UpstreamClient::new(&config.limits),
+            limits: config.limits,
+            metrics: Metrics::default(),
+            ready: AtomicBool::new(true),
+        }
+    }
+
+    /// Makes `/readyz` fail so load balancers drain this instance during shutdown.
+    pub fn set_not_ready(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+    }
+}
+
+/// What one request touched, for the access log.
+struct Ctx {
+    request_id: HeaderValue,
+    key: Option<Arc<Principal>>,
+    model: Option<Arc<Model>>,
+}
+
+/// The endpoints, decided by address and path alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Llm(Protocol),
+    Models,
+    Health,
+    Ready,
+    Metrics,
+}
+
+impl Endpoint {
+    fn method(self) -> (Method, &'static str) {
+        match self {
+            Self::Llm(_) => (Method::POST, "POST"),
+            _ => (Method::GET, "GET"),
+        }
+    }
+
+    fn shape(self) -> ErrorShape {
+        match self {
+            Self::Llm(Protocol::Messages) => ErrorShape::Anthropic,
+            Self::Llm(_) | Self::Models => ErrorShape::OpenAi,
+            Self::Health | Self::Ready | Self::Metrics => ErrorShape::Text,
+        }
+    }
+}
+
+fn address_shape(address: Address) -> ErrorShape {
+    match address {
+        Address::Base | Address::TokenPlan => ErrorShape::OpenAi,
+        Address::Video => ErrorShape::Video,
+        Address::Admin => ErrorShape::Text,
+    }
+}
+
+fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
+    match (address, path) {
+        (Address::Base | Address::TokenPlan, "/v1/chat/completions") => {
+            Some(Endpoint::Llm(Protocol::Chat))
+        }
+        (Address::Base, "/v1/messages") => Some(Endpoint::Llm(Protocol::Messages)),
+        (Address::Base, "/v1/responses") => Some(Endpoint::Llm(Protocol::Responses)),
+        (Address::Base | Address::TokenPlan, "/v1/models") => Some(Endpoint::Models),
+        (Address::Admin, "/healthz") => Some(Endpoint::Health),
+        (Address::Admin, "/readyz") => Some(Endpoint::Ready),
+        (Address::Admin, "/metrics") => Some(Endpoint::Metrics),
+        _ => None,
+    }
+}
+
+static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(&X_REQUEST_ID) {
+        if !v.is_empty() && v.len() <= 128 {
+            return v.clone();
+        }
+    }
+    let id = format!("req_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..));
+    HeaderValue::try_from(id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
+}
+
+/// Serves one request; never fails, every error is rendered here in the path's shape.
+pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    gw.metrics.request_started();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let mut ctx = Ctx {
+        request_id: request_id(req.headers()),
+        key: None,
+        model: None,
+    };
+    let ep = endpoint(address, &path);
+    let shape = ep.map_or(address_shape(address), Endpoint::shape);
+    let result = match ep {
+        None if address == Address::Video => Err(GatewayError::new(
+            ErrorKind::NotFound,
+            format!("no such path: {path}; video generation is not enabled on this gateway yet"),
+        )),
+        None => Err(GatewayError::new(
+            ErrorKind::NotFound,
+            format!("no such path: {method} {path}"),
+        )),
+        Some(ep) if req.method() != ep.method().0 => {
+            Err(GatewayError::method_not_allowed(ep.method().1))
+        }
+        Some(ep) => dispatch(gw, address, ep, req, &mut ctx).await,
+    };
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(err) => {
+            match err.side() {
+                crate::error::Side::Client => {
+                    tracing::debug!(request_id = ?ctx.request_id, error = %err, "request refused")
+                }
+                _ => tracing::warn!(request_id = ?ctx.request_id, error = %err, "request failed"),
+            }
+            err.into_response(shape)
+        }
+    };
+    let status = resp.status();
+    gw.metrics.request_finished(address, status.as_u16());
+    tracing::info!(
+        request_id = ?ctx.request_id,
+        address = address.name(),
+        %method,
+        path,
+        status = status.as_u16(),
+        key = ctx.key.as_ref().map(|k| k.name.as_str()),
+        model = ctx.model.as_ref().map(|m| m.name.as_str()),
+        upstream = ctx.model.as_ref().map(|m| m.upstream.name.as_str()),
+        head_us = started.elapsed().as_micros() as u64,
+        "request"
+    );
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), ctx.request_id);
+    resp
+}
+
+async fn dispatch(
+    gw: &Gateway,
+    address: Address,
+    ep: Endpoint,
+    req: Request<Incoming>,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    match ep {
+        Endpoint::Llm(Protocol::Chat) => chat(gw, address, req, ctx).await,
+        Endpoint::Llm(p) => Err(GatewayError::new(
+            ErrorKind::NotFound,
+            format!("{} is not enabled on this gateway yet", p.client_path()),
+        )),
+        Endpoint::Models => {
+            let principal = gw.keys.authenticate(req.headers(), address, false)?;
+            ctx.key = Some(principal.clone());
+            Ok(list_models(gw, address, &principal))
+        }
+        Endpoint::Health => Ok(text(StatusCode::OK, "ok\n")),
+        Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
+        Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
+        Endpoint::Metrics => Ok(text(StatusCode::OK, gw.metrics.render())),
+    }
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat(
+    gw: &Gateway,
+    address: Address,
+    req: Request<Incoming>,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    let principal = gw.keys.authenticate(req.headers(), address, false)?;
+    ctx.key = Some(principal.clone());
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+    let obj = parse_object(&bytes)?;
+    let client_model = validate::model_name(&obj)?.into_owned();
+    let model = gw.models.resolve(&client_model, address)?.clone();
+    ctx.model = Some(model.clone());
+    principal.check_model(&client_model)?;
+    route::check_endpoint(&model, &client_model, Protocol::Chat)?;
+    let checked = validate::chat(&obj, &model, &client_model)?;
+    match model.upstream.kind {
+        UpstreamKind::Chat | UpstreamKind::Mock => {}
+        other => {
+            return Err(GatewayError::invalid(
+                "model",
+                format!(
+                    "the model {client_model:?} is served by a {:?} upstream; translation from chat completions to it is not available yet",
+                    other.name()
+                ),
+            ))
+        }
+    }
+    let upstream_body = passthrough::chat_body(&bytes, obj, &model, &checked);
+    let guard = if checked.stream {
+        StreamGuard::Chat
+    } else {
+        StreamGuard::None
+    };
+    send(gw, &model, Protocol::Chat, &parts.headers, &ctx.request_id, upstream_body, guard).await
+}
+
+/// Sends the request to the model's upstream and wraps the answer for the client.
+async fn send(
+    gw: &Gateway,
+    model: &Model,
+    protocol: Protocol,
+    client_headers: &HeaderMap,
+    request_id: &HeaderValue,
+    body: Bytes,
+    guard: StreamGuard,
+) -> Result<Response<Body>, GatewayError> {
+    let upstream = &model.upstream;
+    if upstream.kind == UpstreamKind::Mock {
+        let resp = mock::handle(protocol, &body, std::time::Duration::ZERO);
+        return Ok(wrap_response(resp, gw.limits, guard));
+    }
+    let uri = upstream.uri_for(protocol).cloned().ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("upstream {:?} has no URL for {}", upstream.name, protocol.name()),
+        )
+    })?;
+    let req = upstream::build_request(upstream, uri, client_headers, request_id, body)?;
+    let result = gw.client.send(upstream, req).await;
+    gw.metrics.upstream_call(result.is_err());
+    let resp = result?;
+    if !resp.status().is_success() {
+        tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
+    }
+    Ok(wrap_response(resp, gw.limits, guard))
+}
+
+/// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
+fn wrap_response<B>(resp: Response<B>, limits: Limits, guard: StreamGuard) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<body::BoxError>,
+{
+    let (mut parts, inner) = resp.into_parts();
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    // Only a successful event stream is ours to police; an error body passes through as sent.
+    let guard = if parts.status.is_success() && is_sse {
+        guard
+    } else {
+        StreamGuard::None
+    };
+    parts.headers = upstream::response_headers(&parts.headers);
+    let body = UpstreamBody::new(inner, limits.idle_timeout, guard);
+    Response::from_parts(parts, BodyExt::boxed(body))
+}
+
+fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
+    RawObject::parse(bytes).map_err(|e| {
+        let msg = if e.is_syntax() || e.is_eof() {
+            format!("the request body is not valid JSON: {e}")
+        } else {
+            "the request body must be a JSON object".to_owned()
+        };
+        GatewayError::new(ErrorKind::InvalidRequest, msg)
+    })
+}
+
+/// Reads the whole request body, refusing with 413 as soon as it exceeds `max` bytes.
+async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, GatewayError> {
+    let too_large = || {
+        GatewayError::new(
+            ErrorKind::TooLarge,
+            format!("the request body is larger than the limit of {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max) {
+        return Err(too_large());
+    }
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("could not read the request body: {e}"),
+        )),
+    }
+}
+
+/// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.
+fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Response<Body> {
+    let mut ids: Vec<&str> = Vec::new();
+    for m in gw.models.all() {
+        if !m.addresses.contains(address)
+            || (address == Address::TokenPlan && !m.endpoints.contains(Protocol::Chat))
+        {
+            continue;
+        }
+        for p in &principal.models {
+            if p.covers(&m.pattern) {
+                ids.push(&m.name);
+                break;
+            }
+            // A key limited to an exact name that a pattern entry serves sees that name.
+            if let NamePattern::Exact(n) = p {
+                if m.pattern.matches(n) && gw.models.resolve(n, address).is_ok_and(|r| Arc::ptr_eq(r, m)) {
+                    ids.push(n);
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let data: Vec<serde_json::Value> = ids
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "modelgate"}))
+        .collect();
+    let body = serde_json::json!({"object": "list", "data": data});
+    let mut resp = Response::new(body::full(body.to_string()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(body::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}

@@ -1,0 +1,149 @@
+//! Model routing: a client's model name on an address → the configured model entry (exact name first, then the longest `prefix*`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{Address, Model, Protocol};
+use crate::error::{ErrorKind, GatewayError};
+
+/// A model name or key restriction: an exact name, or a `prefix*` pattern (`*` alone matches all).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamePattern {
+    Exact(String),
+    Prefix(String),
+    Any,
+}
+
+impl NamePattern {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.is_empty() {
+            return Err("must not be empty".into());
+        }
+        match text.find('*') {
+            None => Ok(Self::Exact(text.to_owned())),
+            Some(pos) if pos + 1 == text.len() => {
+                if pos == 0 {
+                    Ok(Self::Any)
+                } else {
+                    Ok(Self::Prefix(text[..pos].to_owned()))
+                }
+            }
+            Some(_) => Err(format!(
+                "invalid pattern {text:?}: `*` is allowed only at the end (prefix*)"
+            )),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Exact(n) => n == name,
+            Self::Prefix(p) => name.starts_with(p.as_str()),
+            Self::Any => true,
+        }
+    }
+
+    /// True when every name `other` matches is also matched by `self` (used to list models a key may use).
+    pub fn covers(&self, other: &NamePattern) -> bool {
+        match (self, other) {
+            (Self::Any, _) => true,
+            (_, Self::Any) => false,
+            (Self::Exact(a), Self::Exact(b)) => a == b,
+            (Self::Exact(_), Self::Prefix(_)) => false,
+            (Self::Prefix(p), Self::Exact(b)) => b.starts_with(p.as_str()),
+            (Self::Prefix(p), Self::Prefix(q)) => q.starts_with(p.as_str()),
+        }
+    }
+}
+
+/// The model table, built once from the config.
+#[derive(Debug, Default)]
+pub struct ModelTable {
+    exact: HashMap<String, Arc<Model>>,
+    /// Prefix patterns, longest prefix first, so the first match is the most specific.
+    prefixes: Vec<(String, Arc<Model>)>,
+    all: Vec<Arc<Model>>,
+}
+
+impl ModelTable {
+    pub fn new(models: &[Arc<Model>]) -> Self {
+        let mut table = Self::default();
+        for m in models {
+            match &m.pattern {
+                NamePattern::Exact(n) => {
+                    table.exact.insert(n.clone(), m.clone());
+                }
+                NamePattern::Prefix(p) => table.prefixes.push((p.clone(), m.clone())),
+                NamePattern::Any => table.prefixes.push((String::new(), m.clone())),
+            }
+            table.all.push(m.clone());
+        }
+        table.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        table
+    }
+
+    /// The entry serving `name` on `address`, ignoring entries for other addresses.
+    ///
+    /// An exact entry on another address does not hide a pattern that serves this one, so a
+    /// token-plan address can route `glm-4.6` to its own upstream while base routes it elsewhere.
+    pub fn resolve(&self, name: &str, address: Address) -> Result<&Arc<Model>, GatewayError> {
+        if let Some(m) = self.exact.get(name).filter(|m| m.addresses.contains(address)) {
+            return Ok(m);
+        }
+        self.prefixes
+            .iter()
+            .find(|(p, m)| name.starts_with(p.as_str()) && m.addresses.contains(address))
+            .map(|(_, m)| m)
+            .ok_or_else(|| {
+                GatewayError::new(
+                    ErrorKind::ModelNotFound,
+                    format!(
+                        "the model {name:?} does not exist or is not served on this address ({})",
+                        address.name()
+                    ),
+                )
+                .with_param("model")
+            })
+    }
+
+    pub fn all(&self) -> &[Arc<Model>] {
+        &self.all
+    }
+}
+
+/// A 400 when `model` is not served on `protocol`'s path, naming the path that serves it.
+pub fn check_endpoint(model: &Model, client_name: &str, protocol: Protocol) -> Result<(), GatewayError> {
+    if model.endpoints.contains(protocol) {
+        return Ok(());
+    }
+    let paths: Vec<&str> = model.endpoints.iter().map(Protocol::client_path).collect();
+    Err(GatewayError::invalid(
+        "model",
+        format!(
+            "the model {client_name:?} is not served on {}; use {}",
+            protocol.client_path(),
+            paths.join(" or ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        assert_eq!(NamePattern::parse("*").unwrap(), NamePattern::Any);
+        assert_eq!(
+            NamePattern::parse("gpt-*").unwrap(),
+            NamePattern::Prefix("gpt-".into())
+        );
+        assert!(NamePattern::parse("g*t").is_err());
+        assert!(NamePattern::parse("").is_err());
+        let p = NamePattern::parse("gpt-*").unwrap();
+        assert!(p.matches("gpt-4"));
+        assert!(!p.matches("gp"));
+        assert!(p.covers(&NamePattern::Prefix("gpt-4".into())));
+        assert!(!p.covers(&NamePattern::Prefix("gp".into())));
+        assert!(!p.covers(&NamePattern::Any));
+    }
+}

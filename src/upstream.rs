@@ -1,0 +1,197 @@
+//! The upstream HTTP client: one pooled hyper-util client over rustls, outbound request building (URL, credential, header hygiene) and the first-byte timeout.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Limits, Upstream, UpstreamKind};
+use crate::error::{ErrorKind, GatewayError};
+
+/// The pooled client every upstream call goes through.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    first_byte_timeout: Duration,
+}
+
+impl UpstreamClient {
+    pub fn new(limits: &Limits) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        // Small SSE frames must leave at once; Nagle plus delayed ACKs costs ~40 ms per frame.
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(limits.connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        // Platform roots when the machine has them (corporate CAs), Mozilla's otherwise.
+        let https = match builder.with_native_roots() {
+            Ok(b) => b
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(http),
+            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
+                .with_webpki_roots()
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(http),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(64)
+            .build(https);
+        Self {
+            client,
+            first_byte_timeout: limits.first_byte_timeout,
+        }
+    }
+
+    /// Sends `req` and waits for the response head, at most the first-byte timeout.
+    pub async fn send(
+        &self,
+        upstream: &Upstream,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, GatewayError> {
+        let fut = self.client.request(req);
+        match tokio::time::timeout(self.first_byte_timeout, fut).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify(upstream, &e)),
+            Err(_) => Err(GatewayError::new(
+                ErrorKind::UpstreamTimeout,
+                format!(
+                    "upstream {:?} did not answer within {} ms",
+                    upstream.name,
+                    self.first_byte_timeout.as_millis()
+                ),
+            )),
+        }
+    }
+}
+
+fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> GatewayError {
+    use std::error::Error as _;
+    let mut cause = String::new();
+    let mut source = e.source();
+    while let Some(s) = source {
+        cause = s.to_string();
+        source = s.source();
+    }
+    if e.is_connect() {
+        let timed_out = cause.contains("timed out") || cause.contains("timeout");
+        let kind = if timed_out {
+            ErrorKind::UpstreamTimeout
+        } else {
+            ErrorKind::UpstreamUnreachable
+        };
+        GatewayError::new(
+            kind,
+            format!("cannot connect to upstream {:?}: {cause}", upstream.name),
+        )
+    } else {
+        GatewayError::new(
+            ErrorKind::UpstreamUnreachable,
+            format!("upstream {:?} failed before answering: {cause}", upstream.name),
+        )
+    }
+}
+
+/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1), plus the ones the
+/// gateway sets itself.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Client headers that must never reach an upstream: credentials, and what the gateway rewrites.
+const CLIENT_ONLY: [&str; 6] = [
+    "authorization",
+    "x-api-key",
+    "host",
+    "content-length",
+    "cookie",
+    // Streams are inspected (and later translated), so bodies must arrive uncompressed.
+    "accept-encoding",
+];
+
+fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Copies the end-to-end headers of `from` that may cross the proxy.
+pub fn forwardable(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
+    let listed = connection_listed(from);
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n)
+            || extra_drop.contains(&n)
+            || listed.iter().any(|l| l == n)
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// Builds the upstream request: client headers cleaned, the upstream's credential and headers added.
+pub fn build_request(
+    upstream: &Upstream,
+    uri: Uri,
+    client_headers: &HeaderMap,
+    request_id: &HeaderValue,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, GatewayError> {
+    let mut headers = forwardable(client_headers, &CLIENT_ONLY);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
+    if let Some(cred) = &upstream.credential {
+        let name = match upstream.kind {
+            UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
+            UpstreamKind::VeoGemini => HeaderName::from_static("x-goog-api-key"),
+            _ => header::AUTHORIZATION,
+        };
+        headers.insert(name, cred.header_value().clone());
+    }
+    for (name, value) in &upstream.headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .body(Full::new(body))
+        .map_err(|e| GatewayError::new(ErrorKind::Internal, format!("building upstream request: {e}")))?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// Response headers from an upstream that may go on to the client.
+pub fn response_headers(from: &HeaderMap) -> HeaderMap {
+    forwardable(from, &["content-length"])
+}

@@ -1,0 +1,516 @@
+//! Chat-completions request rules (interface §2.1, §8; gateway.md §6), checked before anything goes upstream.
+
+use serde_json::value::RawValue;
+
+use crate::config::{Model, ThinkingStyle};
+use crate::error::GatewayError;
+use crate::json::{self, Expected, RawObject};
+
+/// What the rest of the pipeline needs to know about a valid chat request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChatChecked {
+    pub stream: bool,
+    /// The one thinking switch the client's fields agree on, if any was given.
+    pub thinking: Option<bool>,
+    pub include_usage: bool,
+    pub max_tokens: Option<i64>,
+}
+
+const ROLES: &str = "system, developer, user, assistant, tool";
+
+fn wrong_type(param: &str, expected: Expected, raw: &RawValue) -> GatewayError {
+    GatewayError::invalid(
+        param,
+        format!(
+            "`{param}` must be {expected}; got {}",
+            json::type_name(raw)
+        ),
+    )
+}
+
+fn typed<'r, T>(
+    param: &str,
+    raw: &'r RawValue,
+    f: impl Fn(&'r RawValue) -> Result<T, Expected>,
+) -> Result<T, GatewayError> {
+    f(raw).map_err(|e| wrong_type(param, e, raw))
+}
+
+fn number_in(obj: &RawObject, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, GatewayError> {
+    let Some(raw) = obj.get_present(key) else {
+        return Ok(None);
+    };
+    let v = typed(key, raw, json::as_f64)?;
+    if !(lo..=hi).contains(&v) {
+        return Err(GatewayError::invalid(
+            key,
+            format!("`{key}` must be between {lo} and {hi}; got {v}"),
+        ));
+    }
+    Ok(Some(v))
+}
+
+fn int_in(obj: &RawObject, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, GatewayError> {
+    let Some(raw) = obj.get_present(key) else {
+        return Ok(None);
+    };
+    let v = typed(key, raw, json::as_i64)?;
+    if !(lo..=hi).contains(&v) {
+        let range = if hi == i64::MAX {
+            format!("at least {lo}")
+        } else {
+            format!("between {lo} and {hi}")
+        };
+        return Err(GatewayError::invalid(
+            key,
+            format!("`{key}` must be an integer {range}; got {v}"),
+        ));
+    }
+    Ok(Some(v))
+}
+
+fn bool_field(obj: &RawObject, key: &str) -> Result<Option<bool>, GatewayError> {
+    obj.get_present(key)
+        .map(|raw| typed(key, raw, json::as_bool))
+        .transpose()
+}
+
+/// The client's model name: required, a non-empty string.
+pub fn model_name<'o>(obj: &'o RawObject) -> Result<std::borrow::Cow<'o, str>, GatewayError> {
+    let raw = obj
+        .get_present("model")
+        .ok_or_else(|| GatewayError::invalid("model", "`model` is required"))?;
+    let name = typed("model", raw, json::as_str)?;
+    if name.is_empty() {
+        return Err(GatewayError::invalid("model", "`model` must not be empty"));
+    }
+    Ok(name)
+}
+
+/// Checks a chat-completions body for `model` (the routed entry).
+pub fn chat(obj: &RawObject, model: &Model, client_model: &str) -> Result<ChatChecked, GatewayError> {
+    messages(obj, model, client_model)?;
+
+    let stream = bool_field(obj, "stream")?.unwrap_or(false);
+    let mut include_usage = false;
+    if let Some(raw) = obj.get_present("stream_options") {
+        let opts = typed("stream_options", raw, json::as_object)?;
+        if !stream {
+            return Err(GatewayError::invalid(
+                "stream_options",
+                "`stream_options` is allowed only when `stream` is true",
+            ));
+        }
+        include_usage = opts
+            .get_present("include_usage")
+            .map(|r| typed("stream_options.include_usage", r, json::as_bool))
+            .transpose()?
+            .unwrap_or(false);
+    }
+
+    let max_tokens = int_in(obj, "max_tokens", 1, i64::MAX)?;
+    let max_completion = int_in(obj, "max_completion_tokens", 1, i64::MAX)?;
+    number_in(obj, "temperature", 0.0, 2.0)?;
+    number_in(obj, "top_p", 0.0, 1.0)?;
+    number_in(obj, "presence_penalty", -2.0, 2.0)?;
+    number_in(obj, "frequency_penalty", -2.0, 2.0)?;
+    int_in(obj, "n", 1, 128)?;
+    stop(obj)?;
+
+    let logprobs = bool_field(obj, "logprobs")?.unwrap_or(false);
+    if int_in(obj, "top_logprobs", 0, 20)?.is_some() && !logprobs {
+        return Err(GatewayError::invalid(
+            "top_logprobs",
+            "`top_logprobs` may be set only when `logprobs` is true",
+        ));
+    }
+
+    response_format(obj)?;
+    tools(obj)?;
+    tool_choice(obj)?;
+    bool_field(obj, "parallel_tool_calls")?;
+    let thinking = thinking(obj, model, client_model)?;
+
+    Ok(ChatChecked {
+        stream,
+        thinking,
+        include_usage,
+        max_tokens: max_completion.or(max_tokens),
+    })
+}
+
+fn stop(obj: &RawObject) -> Result<(), GatewayError> {
+    let Some(raw) = obj.get_present("stop") else {
+        return Ok(());
+    };
+    if json::as_str(raw).is_ok() {
+        return Ok(());
+    }
+    let items = json::as_array(raw).map_err(|_| {
+        GatewayError::invalid(
+            "stop",
+            format!(
+                "`stop` must be a string or an array of at most 4 strings; got {}",
+                json::type_name(raw)
+            ),
+        )
+    })?;
+    if items.len() > 4 {
+        return Err(GatewayError::invalid(
+            "stop",
+            format!("`stop` allows at most 4 strings; got {}", items.len()),
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        typed(&format!("stop[{i}]"), item, json::as_str)?;
+    }
+    Ok(())
+}
+
+fn response_format(obj: &RawObject) -> Result<(), GatewayError> {
+    let Some(raw) = obj.get_present("response_format") else {
+        return Ok(());
+    };
+    let rf = typed("response_format", raw, json::as_object)?;
+    let kind = rf
+        .get_present("type")
+        .ok_or_else(|| {
+            GatewayError::invalid(
+                "response_format.type",
+                "`response_format.type` is required: text, json_object or json_schema",
+            )
+        })
+        .and_then(|r| typed("response_format.type", r, json::as_str))?;
+    match kind.as_ref() {
+        "text" | "json_object" => Ok(()),
+        "json_schema" => {
+            let schema = rf
+                .get_present("json_schema")
+                .ok_or_else(|| {
+                    GatewayError::invalid(
+                        "response_format.json_schema",
+                        "`response_format.json_schema` is required when type is json_schema",
+                    )
+                })
+                .and_then(|r| typed("response_format.json_schema", r, json::as_object))?;
+            let name = schema
+                .get_present("name")
+                .ok_or_else(|| {
+                    GatewayError::invalid(
+                        "response_format.json_schema.name",
+                        "`response_format.json_schema.name` is required",
+                    )
+                })
+                .and_then(|r| typed("response_format.json_schema.name", r, json::as_str))?;
+            if !valid_name(&name) {
+                return Err(GatewayError::invalid(
+                    "response_format.json_schema.name",
+                    "`response_format.json_schema.name` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
+                ));
+            }
+            Ok(())
+        }
+        other => Err(GatewayError::invalid(
+            "response_format.type",
+            format!(
+                "`response_format.type` must be text, json_object or json_schema; got {other:?}"
+            ),
+        )),
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn tools(obj: &RawObject) -> Result<(), GatewayError> {
+    let Some(raw) = obj.get_present("tools") else {
+        return Ok(());
+    };
+    let items = typed("tools", raw, json::as_array)?;
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("tools[{i}]");
+        let tool = typed(&path, item, json::as_object)?;
+        let kind_path = format!("{path}.type");
+        let kind = tool
+            .get_present("type")
+            .ok_or_else(|| GatewayError::invalid(&kind_path, format!("`{kind_path}` is required; only \"function\" is supported")))
+            .and_then(|r| typed(&kind_path, r, json::as_str))?;
+        if kind != "function" {
+            return Err(GatewayError::invalid(
+                &kind_path,
+                format!("`{kind_path}` must be \"function\" (the only supported tool kind); got {kind:?}"),
+            ));
+        }
+        let fpath = format!("{path}.function");
+        let function = tool
+            .get_present("function")
+            .ok_or_else(|| GatewayError::invalid(&fpath, format!("`{fpath}` is required")))
+            .and_then(|r| typed(&fpath, r, json::as_object))?;
+        let npath = format!("{fpath}.name");
+        let name = function
+            .get_present("name")
+            .ok_or_else(|| GatewayError::invalid(&npath, format!("`{npath}` is required")))
+            .and_then(|r| typed(&npath, r, json::as_str))?;
+        if !valid_name(&name) {
+            return Err(GatewayError::invalid(
+                &npath,
+                format!("`{npath}` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -; got {name:?}"),
+            ));
+        }
+        if let Some(p) = function.get_present("parameters") {
+            typed(&format!("{fpath}.parameters"), p, json::as_object)?;
+        }
+    }
+    Ok(())
+}
+
+fn tool_choice(obj: &RawObject) -> Result<(), GatewayError> {
+    let Some(raw) = obj.get_present("tool_choice") else {
+        return Ok(());
+    };
+    if let Ok(s) = json::as_str(raw) {
+        return match s.as_ref() {
+            "none" | "auto" | "required" => Ok(()),
+            other => Err(GatewayError::invalid(
+                "tool_choice",
+                format!("`tool_choice` must be \"none\", \"auto\", \"required\" or an object naming a function; got {other:?}"),
+            )),
+        };
+    }
+    let choice = json::as_object(raw).map_err(|_| {
+        GatewayError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` must be a string or an object; got {}",
+                json::type_name(raw)
+            ),
+        )
+    })?;
+    let kind = choice
+        .get_present("type")
+        .ok_or_else(|| GatewayError::invalid("tool_choice.type", "`tool_choice.type` is required"))
+        .and_then(|r| typed("tool_choice.type", r, json::as_str))?;
+    if kind == "function" {
+        let name = choice
+            .get_present("function")
+            .and_then(|f| json::as_object(f).ok())
+            .and_then(|f| f.get_present("name").and_then(|n| json::as_str(n).ok().map(|n| n.into_owned())));
+        if name.is_none() {
+            return Err(GatewayError::invalid(
+                "tool_choice.function.name",
+                "`tool_choice.function.name` is required when `tool_choice.type` is \"function\"",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), GatewayError> {
+    let raw = obj
+        .get_present("messages")
+        .ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
+    let items = typed("messages", raw, json::as_array)?;
+    if items.is_empty() {
+        return Err(GatewayError::invalid(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("messages[{i}]");
+        let msg = typed(&path, item, json::as_object)?;
+        let rpath = format!("{path}.role");
+        let role = msg
+            .get_present("role")
+            .ok_or_else(|| GatewayError::invalid(&rpath, format!("`{rpath}` is required; allowed: {ROLES}")))
+            .and_then(|r| typed(&rpath, r, json::as_str))?;
+        let allowed_parts: &[&str] = match role.as_ref() {
+            "system" | "developer" | "tool" => &["text"],
+            "user" => &["text", "image_url", "input_audio", "file"],
+            "assistant" => &["text", "refusal"],
+            other => {
+                return Err(GatewayError::invalid(
+                    &rpath,
+                    format!("`{rpath}` must be one of {ROLES}; got {other:?}"),
+                ))
+            }
+        };
+        let cpath = format!("{path}.content");
+        match msg.get_present("content") {
+            None => {
+                let has_calls = msg.get_present("tool_calls").is_some()
+                    || msg.get_present("function_call").is_some();
+                if !(role == "assistant" && has_calls) {
+                    return Err(GatewayError::invalid(
+                        &cpath,
+                        format!("`{cpath}` is required (it may be null only on an assistant message with tool_calls)"),
+                    ));
+                }
+            }
+            Some(content) => {
+                if json::as_str(content).is_err() {
+                    let parts = json::as_array(content).map_err(|_| {
+                        GatewayError::invalid(
+                            &cpath,
+                            format!("`{cpath}` must be a string or an array of parts; got {}", json::type_name(content)),
+                        )
+                    })?;
+                    for (j, part) in parts.iter().enumerate() {
+                        content_part(&format!("{cpath}[{j}]"), part, allowed_parts, model, client_model)?;
+                    }
+                }
+            }
+        }
+        if role == "tool" {
+            let tpath = format!("{path}.tool_call_id");
+            msg.get_present("tool_call_id")
+                .ok_or_else(|| GatewayError::invalid(&tpath, format!("`{tpath}` is required on a tool message")))
+                .and_then(|r| typed(&tpath, r, json::as_str))?;
+        }
+        if let Some(calls) = msg.get_present("tool_calls") {
+            let tpath = format!("{path}.tool_calls");
+            if role != "assistant" {
+                return Err(GatewayError::invalid(&tpath, format!("`{tpath}` is allowed only on assistant messages")));
+            }
+            let calls = typed(&tpath, calls, json::as_array)?;
+            for (j, call) in calls.iter().enumerate() {
+                let cp = format!("{tpath}[{j}]");
+                let call = typed(&cp, call, json::as_object)?;
+                let fpath = format!("{cp}.function");
+                let f = call
+                    .get_present("function")
+                    .ok_or_else(|| GatewayError::invalid(&fpath, format!("`{fpath}` is required")))
+                    .and_then(|r| typed(&fpath, r, json::as_object))?;
+                let npath = format!("{fpath}.name");
+                f.get_present("name")
+                    .ok_or_else(|| GatewayError::invalid(&npath, format!("`{npath}` is required")))
+                    .and_then(|r| typed(&npath, r, json::as_str))?;
+                if let Some(a) = f.get_present("arguments") {
+                    typed(&format!("{fpath}.arguments"), a, json::as_str)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn content_part(
+    path: &str,
+    raw: &RawValue,
+    allowed: &[&str],
+    model: &Model,
+    client_model: &str,
+) -> Result<(), GatewayError> {
+    let part = typed(path, raw, json::as_object)?;
+    let tpath = format!("{path}.type");
+    let kind = part
+        .get_present("type")
+        .ok_or_else(|| GatewayError::invalid(&tpath, format!("`{tpath}` is required; allowed here: {}", allowed.join(", "))))
+        .and_then(|r| typed(&tpath, r, json::as_str))?;
+    if !allowed.contains(&kind.as_ref()) {
+        return Err(GatewayError::invalid(
+            &tpath,
+            format!("`{tpath}` must be one of {} for this role; got {kind:?}", allowed.join(", ")),
+        ));
+    }
+    match kind.as_ref() {
+        "text" => {
+            let p = format!("{path}.text");
+            part.get_present("text")
+                .ok_or_else(|| GatewayError::invalid(&p, format!("`{p}` is required")))
+                .and_then(|r| typed(&p, r, json::as_str))?;
+        }
+        "image_url" => {
+            if !model.vision {
+                return Err(GatewayError::invalid(
+                    path,
+                    format!("the model {client_model:?} does not accept image input; send text parts only"),
+                ));
+            }
+            let ipath = format!("{path}.image_url");
+            let image = part
+                .get_present("image_url")
+                .ok_or_else(|| GatewayError::invalid(&ipath, format!("`{ipath}` is required")))
+                .and_then(|r| typed(&ipath, r, json::as_object))?;
+            let upath = format!("{ipath}.url");
+            let url = image
+                .get_present("url")
+                .ok_or_else(|| GatewayError::invalid(&upath, format!("`{upath}` is required")))
+                .and_then(|r| typed(&upath, r, json::as_str))?;
+            if !(url.starts_with("http://") || url.starts_with("https://") || url.starts_with("data:image/")) {
+                return Err(GatewayError::invalid(
+                    &upath,
+                    format!("`{upath}` must be an http(s) URL or a data:image/...;base64 URL"),
+                ));
+            }
+            if let Some(d) = image.get_present("detail") {
+                let dpath = format!("{ipath}.detail");
+                let detail = typed(&dpath, d, json::as_str)?;
+                if !matches!(detail.as_ref(), "auto" | "low" | "high") {
+                    return Err(GatewayError::invalid(
+                        &dpath,
+                        format!("`{dpath}` must be auto, low or high; got {detail:?}"),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The three thinking switches, which must agree, and must only reach a model that thinks.
+fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option<bool>, GatewayError> {
+    let mut votes: Vec<(&'static str, bool)> = Vec::new();
+    if let Some(raw) = obj.get_present("chat_template_kwargs") {
+        let kwargs = typed("chat_template_kwargs", raw, json::as_object)?;
+        if let Some(v) = kwargs.get_present("enable_thinking") {
+            votes.push((
+                "chat_template_kwargs.enable_thinking",
+                typed("chat_template_kwargs.enable_thinking", v, json::as_bool)?,
+            ));
+        }
+    }
+    if let Some(raw) = obj.get_present("thinking") {
+        let t = typed("thinking", raw, json::as_object)?;
+        let kind = t
+            .get_present("type")
+            .ok_or_else(|| GatewayError::invalid("thinking.type", "`thinking.type` is required: enabled or disabled"))
+            .and_then(|r| typed("thinking.type", r, json::as_str))?;
+        let on = match kind.as_ref() {
+            "enabled" => true,
+            "disabled" => false,
+            other => {
+                return Err(GatewayError::invalid(
+                    "thinking.type",
+                    format!("`thinking.type` must be enabled or disabled; got {other:?}"),
+                ))
+            }
+        };
+        votes.push(("thinking.type", on));
+    }
+    if let Some(raw) = obj.get_present("enable_thinking") {
+        votes.push(("enable_thinking", typed("enable_thinking", raw, json::as_bool)?));
+    }
+    let Some(&(first, on)) = votes.first() else {
+        return Ok(None);
+    };
+    if model.thinking == ThinkingStyle::None {
+        return Err(GatewayError::invalid(
+            first,
+            format!("the model {client_model:?} has no thinking mode; remove `{first}`"),
+        ));
+    }
+    if let Some(&(other, _)) = votes.iter().find(|(_, v)| *v != on) {
+        return Err(GatewayError::invalid(
+            other,
+            format!("`{first}` and `{other}` disagree; send one thinking switch, or make them agree"),
+        ));
+    }
+    Ok(Some(on))
+}
