@@ -1,0 +1,164 @@
+//! Chat passthrough end to end: bodies and streams forwarded untouched, credentials swapped, frames not buffered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::json;
+
+#[tokio::test]
+async fn json_passthrough_keeps_unknown_fields_and_swaps_credentials() {
+    let reply = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "real-m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}, "finish_reason": "stop",
+        "refs": [{"index": 1, "title": "t", "content": "c", "type": "web", "url": "https://x"}]}],
+        "vendor_extra": {"a": [1, 2, 3]}});
+    let reply2 = reply.clone();
+    let up = FakeUpstream::start(move |_| Reply::json(200, reply2.clone())).await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "custom_field": {"nested": [1, {"x": null}]}, "seed": 7});
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-api-key", "client-secret-2")
+        .header("x-custom", "kept")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let rid = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert!(rid.starts_with("req_"), "generated request id: {rid}");
+    let got: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(got, reply, "the reply passes through untouched, refs included");
+
+    let seen = up.last();
+    assert_eq!(seen.uri, "/v1/chat/completions");
+    assert_eq!(seen.headers["authorization"], "Bearer up-secret");
+    assert!(seen.headers.get("x-api-key").is_none(), "client x-api-key never forwarded");
+    assert_eq!(seen.headers["x-custom"], "kept");
+    assert_eq!(seen.headers["x-request-id"].to_str().unwrap(), rid);
+    let sent = seen.json();
+    assert_eq!(sent["model"], "real-m", "model renamed");
+    assert_eq!(sent["custom_field"], body["custom_field"]);
+    assert_eq!(sent["seed"], 7);
+    assert_eq!(sent["messages"], body["messages"]);
+}
+
+#[tokio::test]
+async fn client_request_id_is_forwarded_and_returned() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-request-id", "my-trace-42")
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "my-trace-42");
+    assert_eq!(up.last().headers["x-request-id"], "my-trace-42");
+}
+
+#[tokio::test]
+async fn body_without_rename_is_forwarded_byte_for_byte() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let raw = r#"{"model":"plain",  "messages":[{"role":"user","content":"hi"}], "z": 1.50, "a":"\u00e9"}"#;
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(up.last().body, raw.as_bytes());
+}
+
+fn chunk(text: &str) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "real-m",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+    )
+}
+
+#[tokio::test]
+async fn stream_frames_arrive_before_the_next_is_sent() {
+    let pause = Duration::from_millis(300);
+    let c0 = chunk("one");
+    let c1 = chunk("two");
+    let c2 = chunk("three");
+    let (a, b, c) = (c0.clone(), c1.clone(), c2.clone());
+    let up = FakeUpstream::start(move |_| {
+        Reply::sse(vec![
+            (Duration::ZERO, a.as_str()),
+            (pause, b.as_str()),
+            (pause, c.as_str()),
+            (pause, "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let mut body = chat_body("m");
+    body["stream"] = json!(true);
+    let started = Instant::now();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut stream = resp.bytes_stream();
+    let mut received = String::new();
+    let mut arrival = Vec::new();
+    while let Some(piece) = stream.next().await {
+        received.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        arrival.push((started.elapsed(), received.clone()));
+    }
+    assert_eq!(received, format!("{c0}{c1}{c2}data: [DONE]\n\n"), "stream forwarded untouched");
+    // Each chunk must be in the client's hands before the upstream sends the next one:
+    // the first chunk by the time the second is due (one pause), and so on.
+    for (i, expected) in [&c0, &c1, &c2].iter().enumerate() {
+        let (when, _) = arrival
+            .iter()
+            .find(|(_, text)| text.contains(expected.as_str()))
+            .expect("chunk arrived");
+        let next_sent_at = pause * (i as u32 + 1);
+        assert!(
+            *when < next_sent_at,
+            "chunk {i} arrived at {when:?}, not before chunk {} was sent at {next_sent_at:?}",
+            i + 1
+        );
+    }
+}
+
+#[tokio::test]
+async fn http2_client_gets_the_same_answer() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"h2": "ok"}))).await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let resp = h2
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"h2": "ok"}));
+}
