@@ -964,17 +964,10 @@ fn validate_models(
     listen: Option<&Listen>,
     errors: &mut Errors,
 ) -> Vec<Arc<Model>> {
-    let mut names = HashSet::new();
-    let mut out = Vec::new();
+    let mut out: Vec<Arc<Model>> = Vec::new();
     for (i, m) in raw.into_iter().enumerate() {
         let Some(m) = m else { continue };
         let path = format!("models[{i}]");
-        if !names.insert(m.name.clone()) {
-            errors.push(
-                format!("{path}.name"),
-                format!("duplicate model name {:?}", m.name),
-            );
-        }
         let pattern = parse_pattern(&m.name, format!("{path}.name"), errors);
         let upstream = upstreams.iter().find(|u| u.name == m.upstream).cloned();
         if upstream.is_none() {
@@ -1056,6 +1049,20 @@ fn validate_models(
         };
         if m.default_max_tokens == Some(0) {
             errors.push(format!("{path}.default_max_tokens"), "must be greater than 0");
+        }
+        // One name may appear once per address, so each address routes it to one upstream.
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.name == m.name && o.addresses.0 & addresses.0 != 0)
+        {
+            errors.push(
+                format!("{path}.name"),
+                format!(
+                    "duplicate model name {:?} on address(es) {}",
+                    m.name,
+                    AddressSet(other.addresses.0 & addresses.0).names().join(", ")
+                ),
+            );
         }
         if let (Some(pattern), Some(upstream)) = (pattern, upstream) {
             out.push(Arc::new(Model {

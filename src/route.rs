@@ -58,7 +58,8 @@ impl NamePattern {
 /// The model table, built once from the config.
 #[derive(Debug, Default)]
 pub struct ModelTable {
-    exact: HashMap<String, Arc<Model>>,
+    /// One name may have entries on disjoint addresses (token_plan routed to its own upstream).
+    exact: HashMap<String, Vec<Arc<Model>>>,
     /// Prefix patterns, longest prefix first, so the first match is the most specific.
     prefixes: Vec<(String, Arc<Model>)>,
     all: Vec<Arc<Model>>,
@@ -69,9 +70,7 @@ impl ModelTable {
         let mut table = Self::default();
         for m in models {
             match &m.pattern {
-                NamePattern::Exact(n) => {
-                    table.exact.insert(n.clone(), m.clone());
-                }
+                NamePattern::Exact(n) => table.exact.entry(n.clone()).or_default().push(m.clone()),
                 NamePattern::Prefix(p) => table.prefixes.push((p.clone(), m.clone())),
                 NamePattern::Any => table.prefixes.push((String::new(), m.clone())),
             }
@@ -86,7 +85,11 @@ impl ModelTable {
     /// An exact entry on another address does not hide a pattern that serves this one, so a
     /// token-plan address can route `glm-4.6` to its own upstream while base routes it elsewhere.
     pub fn resolve(&self, name: &str, address: Address) -> Result<&Arc<Model>, GatewayError> {
-        if let Some(m) = self.exact.get(name).filter(|m| m.addresses.contains(address)) {
+        if let Some(m) = self
+            .exact
+            .get(name)
+            .and_then(|ms| ms.iter().find(|m| m.addresses.contains(address)))
+        {
             return Ok(m);
         }
         self.prefixes

@@ -1,1 +1,242 @@
+use super::*;
 
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    Config::parse(text, Path::new("."), &|name| match name {
+        "SET" => Some("value".to_owned()),
+        "SECRETS" => Some("new, old".to_owned()),
+        _ => None,
+    })
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(_) => panic!("expected errors"),
+        Err(e) => e.0,
+    }
+}
+
+fn has(errs: &[String], needle: &str) {
+    assert!(
+        errs.iter().any(|e| e.contains(needle)),
+        "no error containing {needle:?} in {errs:#?}"
+    );
+}
+
+const MINIMAL: &str = r#"
+[listen]
+base = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "mock"
+kind = "mock"
+
+[[models]]
+name = "m"
+upstream = "mock"
+"#;
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.limits.max_request_bytes, 32 * 1024 * 1024);
+    assert_eq!(c.limits.connect_timeout, Duration::from_millis(5000));
+    assert_eq!(c.limits.idle_timeout, Duration::from_millis(300_000));
+    assert_eq!(c.models[0].endpoints, EndpointSet::ALL);
+    assert_eq!(c.models[0].addresses, AddressSet::only(Address::Base));
+    assert_eq!(c.models[0].thinking, ThinkingStyle::None);
+    assert_eq!(c.video.file_url_ttl, Duration::from_secs(86_400));
+    assert!(c.video.task_secrets.is_empty());
+}
+
+#[test]
+fn every_error_is_reported_together_with_its_path() {
+    let errs = errors(
+        r#"
+nonsense = 1
+[listen]
+base = "localhost"
+admin = "127.0.0.1:9090"
+video = "127.0.0.1:9090"
+
+[limits]
+connect_timeout_ms = 0
+extra = true
+
+[[keys]]
+name = "k"
+key_env = "UNSET"
+addresses = ["moon"]
+
+[[keys]]
+name = "k"
+key = "a"
+sha256 = "00"
+
+[[upstreams]]
+name = "u"
+kind = "chat"
+
+[[upstreams]]
+name = "u"
+kind = "telepathy"
+
+[[upstreams]]
+name = "v"
+kind = "chat"
+base_url = "http://x/v1"
+api_key_env = "UNSET"
+
+[[models]]
+name = "m"
+upstream = "opneai"
+thinking = "sometimes"
+endpoints = ["chat", "fax"]
+
+[[models]]
+name = "a*b"
+upstream = "v"
+"#,
+    );
+    has(&errs, "nonsense: unknown key");
+    has(&errs, "listen.base: invalid address \"localhost\"");
+    has(&errs, "listen.admin: address 127.0.0.1:9090 is already used by listen.video");
+    has(&errs, "limits: unknown field `extra`");
+    has(&errs, "keys[0].key_env: environment variable UNSET is not set");
+    has(&errs, "keys[0].addresses[0]: unknown address \"moon\"");
+    has(&errs, "keys[1]: exactly one of");
+    has(&errs, "upstreams[0].base_url: required for kind \"chat\"");
+    has(&errs, "upstreams[1].name: duplicate upstream name \"u\"");
+    has(&errs, "upstreams[1].kind: unknown kind \"telepathy\"");
+    has(&errs, "upstreams[2].api_key_env: environment variable UNSET is not set");
+    has(&errs, "models[0].upstream: no upstream named \"opneai\"");
+    has(&errs, "models[0].thinking: unknown value \"sometimes\"");
+    has(&errs, "models[0].endpoints[1]: unknown endpoint \"fax\"");
+    has(&errs, "models[1].name: invalid pattern \"a*b\"");
+}
+
+#[test]
+fn secrets_never_appear_in_errors() {
+    let errs = errors(
+        r#"
+[listen]
+base = "127.0.0.1:1"
+[[keys]]
+name = "k"
+sha256 = "not-hex-but-a-secret-looking-thing"
+[[upstreams]]
+name = "u"
+kind = "chat"
+base_url = "http://x/v1"
+api_key_env = "SET"
+[[models]]
+name = "m"
+upstream = "nope"
+"#,
+    );
+    has(&errs, "keys[0].sha256: must be 64 hex characters");
+    assert!(errs.iter().all(|e| !e.contains("value")), "{errs:?}");
+}
+
+#[test]
+fn same_model_name_allowed_on_disjoint_addresses_only() {
+    let base = r#"
+[listen]
+base = "127.0.0.1:1"
+token_plan = "127.0.0.1:2"
+[[upstreams]]
+name = "a"
+kind = "mock"
+[[upstreams]]
+name = "b"
+kind = "mock"
+"#;
+    let ok = format!(
+        "{base}\n[[models]]\nname = \"m\"\nupstream = \"a\"\n[[models]]\nname = \"m\"\nupstream = \"b\"\naddresses = [\"token_plan\"]\n"
+    );
+    assert!(parse(&ok).is_ok());
+    let clash = format!(
+        "{base}\n[[models]]\nname = \"m\"\nupstream = \"a\"\n[[models]]\nname = \"m\"\nupstream = \"b\"\naddresses = [\"base\", \"token_plan\"]\n"
+    );
+    has(&errors(&clash), "models[1].name: duplicate model name \"m\" on address(es) base");
+}
+
+#[test]
+fn model_addresses_need_a_listener_and_fit_the_upstream_kind() {
+    let errs = errors(
+        r#"
+[listen]
+base = "127.0.0.1:1"
+[[upstreams]]
+name = "u"
+kind = "chat"
+base_url = "http://x/v1"
+[[upstreams]]
+name = "veo"
+kind = "veo-gemini"
+base_url = "https://generativelanguage.googleapis.com/v1beta"
+api_key_env = "SET"
+[[models]]
+name = "m"
+upstream = "u"
+addresses = ["token_plan"]
+[[models]]
+name = "v"
+upstream = "veo"
+addresses = ["base"]
+"#,
+    );
+    has(&errs, "models[0].addresses[0]: address \"token_plan\" has no listener");
+    has(&errs, "models[1].addresses: upstream \"veo\" is a video upstream");
+}
+
+#[test]
+fn base_url_query_survives_the_join_and_credentials_are_formatted_per_kind() {
+    let c = parse(
+        r#"
+[listen]
+base = "127.0.0.1:1"
+[[upstreams]]
+name = "c"
+kind = "chat"
+base_url = "https://h.example/v1/?api-version=2"
+api_key_env = "SET"
+[[upstreams]]
+name = "a"
+kind = "messages"
+base_url = "https://api.anthropic.com/v1"
+api_key_env = "SET"
+[[models]]
+name = "m"
+upstream = "c"
+"#,
+    )
+    .unwrap();
+    let chat = &c.upstreams[0];
+    assert_eq!(
+        chat.uri_for(Protocol::Chat).unwrap().to_string(),
+        "https://h.example/v1/chat/completions?api-version=2"
+    );
+    assert_eq!(chat.credential.as_ref().unwrap().header_value(), "Bearer value");
+    assert!(chat.credential.as_ref().unwrap().header_value().is_sensitive());
+    assert_eq!(format!("{:?}", chat.credential), "Some(Secret(***))");
+    let msgs = &c.upstreams[1];
+    assert_eq!(msgs.credential.as_ref().unwrap().header_value(), "value");
+}
+
+#[test]
+fn task_secrets_come_from_the_named_variable() {
+    let c = parse(&format!("{MINIMAL}\n[video]\ntask_secrets_env = \"SECRETS\"\n")).unwrap();
+    assert_eq!(c.video.task_secrets, vec![b"new".to_vec(), b"old".to_vec()]);
+}
+
+#[test]
+fn tls_files_that_do_not_exist_are_an_error() {
+    let errs = errors(&format!("{MINIMAL}\n[tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n"));
+    has(&errs, "tls: cannot read certificate file /nonexistent/c.pem");
+}
+
+#[test]
+fn syntax_errors_are_reported() {
+    has(&errors("[listen\nbase="), "syntax:");
+    has(&errors(""), "listen: missing");
+}

@@ -1,0 +1,255 @@
+//! Listeners: TLS with ALPN (HTTP/2 and HTTP/1.1), graceful shutdown, and the CLI's check and hash-key.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use modelgate::config::Address;
+use serde_json::json;
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("modelgate-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn tls_listener_speaks_h2_and_http1_by_alpn() {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let dir = temp_dir("tls");
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    std::fs::write(&cert_path, ck.cert.pem()).unwrap();
+    std::fs::write(&key_path, ck.key_pair.serialize_pem()).unwrap();
+
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"tls": true}))).await;
+    let toml = chat_config(&up.url()).replace(
+        "[limits]",
+        &format!(
+            "[tls]\ncert = {:?}\nkey = {:?}\n\n[limits]",
+            cert_path.display().to_string(),
+            key_path.display().to_string()
+        ),
+    );
+    let gw = TestGateway::start(&toml).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let root = reqwest::Certificate::from_pem(ck.cert.pem().as_bytes()).unwrap();
+
+    for (http1_only, want) in [(false, reqwest::Version::HTTP_2), (true, reqwest::Version::HTTP_11)] {
+        let mut b = reqwest::Client::builder()
+            .no_proxy()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(root.clone())
+            .resolve("localhost", addr);
+        if http1_only {
+            b = b.http1_only();
+        }
+        let c = b.build().unwrap();
+        let resp = c
+            .post(format!("https://localhost:{}/v1/chat/completions", addr.port()))
+            .bearer_auth(KEY)
+            .json(&chat_body("m"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.version(), want);
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"tls": true}));
+    }
+    // Plain HTTP on a TLS listener gets no answer.
+    let plain = client().get(format!("http://{addr}/v1/models")).send().await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let up = FakeUpstream::start(move |_| {
+        Reply::sse(vec![
+            (Duration::ZERO, chunk),
+            (Duration::from_millis(300), chunk),
+            (Duration::from_millis(300), "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let url = gw.base("/v1/chat/completions");
+    let admin = gw.url(Address::Admin, "/readyz");
+    let mut body = chat_body("m");
+    body["stream"] = json!(true);
+    let resp = client().post(&url).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let shutdown = tokio::spawn(gw.running.shutdown(Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // New connections are refused once shutdown has begun.
+    let fresh = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0).build().unwrap();
+    assert!(fresh.post(&url).bearer_auth(KEY).json(&chat_body("m")).send().await.is_err());
+    assert!(fresh.get(&admin).send().await.is_err());
+
+    let text = resp.text().await.unwrap();
+    assert_eq!(text, format!("{chunk}{chunk}data: [DONE]\n\n"), "the in-flight stream completes");
+    tokio::time::timeout(Duration::from_secs(3), shutdown)
+        .await
+        .expect("shutdown returns once in-flight work is done")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn readyz_and_metrics_on_admin() {
+    let gw = TestGateway::start(&chat_config("http://127.0.0.1:9")).await;
+    let resp = client().get(gw.url(Address::Admin, "/readyz")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = post_json(&gw.base("/v1/chat/completions"), chat_body("nope")).await;
+    let text = client().get(gw.url(Address::Admin, "/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        text.contains("modelgate_requests_total{address=\"base\",status=\"4xx\"} 1"),
+        "{text}"
+    );
+}
+
+fn bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"))
+}
+
+#[test]
+fn hash_key_prints_the_sha256_of_stdin_without_the_newline() {
+    use std::io::Write;
+    let mut child = bin()
+        .arg("hash-key")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"sk-demo\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // sha256("sk-demo")
+    let expected = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(b"sk-demo"))
+    };
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), expected);
+}
+
+#[test]
+fn check_reports_every_error_with_its_key_path_and_exits_1() {
+    let dir = temp_dir("check");
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        r#"
+[listen]
+base = "127.0.0.1:99999"
+bogus = 1
+
+[[keys]]
+name = "a"
+key_env = "MODELGATE_TEST_SURELY_UNSET_VAR"
+
+[[upstreams]]
+name = "u"
+kind = "chat"
+base_url = "http://127.0.0.1:1/v1"
+
+[[upstreams]]
+name = "u"
+kind = "chat"
+base_url = "ftp://x"
+
+[[models]]
+name = "m"
+upstream = "opneai"
+"#,
+    )
+    .unwrap();
+    let out = bin().arg("check").arg("--config").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    for needle in [
+        "listen: unknown field `bogus`",
+        "upstreams[1].name: duplicate upstream name \"u\"",
+        "upstreams[1].base_url",
+        "models[0].upstream: no upstream named \"opneai\"",
+        "keys[0].key_env: environment variable MODELGATE_TEST_SURELY_UNSET_VAR is not set",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_accepts_the_shipped_config_and_every_example() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![std::path::PathBuf::from(root).join("config/modelgate.toml")];
+    for entry in std::fs::read_dir(std::path::Path::new(root).join("config/examples")).unwrap() {
+        files.push(entry.unwrap().path());
+    }
+    assert!(files.len() >= 6, "the shipped config and at least five examples");
+    for f in files {
+        let out = bin()
+            .arg("check")
+            .arg("--config")
+            .arg(&f)
+            // Examples name their secrets by variable; give each one a value.
+            .envs([
+                ("OPENAI_API_KEY", "x"),
+                ("VLLM_API_KEY", "x"),
+                ("GLM_API_KEY", "x"),
+                ("DASHSCOPE_API_KEY", "x"),
+                ("TOKEN_PLAN_API_KEY", "x"),
+                ("MODELGATE_CLIENT_KEY", "x"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} failed check:\n{}",
+            f.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = String::from_utf8(out.stdout).unwrap();
+        assert!(table.starts_with("MODEL"), "{table}");
+    }
+}
+
+#[test]
+fn serve_exits_0_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let dir = temp_dir("sigterm");
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"mock\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nupstream = \"mock\"\n",
+    )
+    .unwrap();
+    let mut child = bin()
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("listening on http://127.0.0.1:"));
+    assert!(listening.is_some(), "the gateway logs its listener address");
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(0), "log after SIGTERM: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
