@@ -30,3 +30,4 @@ pub mod server;
 pub mod tls;
 pub mod upstream;
 pub mod validate;
+pub mod video;

@@ -17,6 +17,7 @@ use crate::json::RawObject;
 use crate::metrics::Metrics;
 use crate::route::{self, ModelTable, NamePattern};
 use crate::upstream::{self, UpstreamClient};
+use crate::video::VideoService;
 use crate::{mock, passthrough, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
@@ -26,6 +27,7 @@ pub struct Gateway {
     pub client: UpstreamClient,
     pub limits: Limits,
     pub metrics: Metrics,
+    pub video: VideoService,
     ready: AtomicBool,
 }
 
@@ -37,6 +39,7 @@ impl Gateway {
             client: UpstreamClient::new(&config.limits),
             limits: config.limits,
             metrics: Metrics::default(),
+            video: VideoService::new(config),
             ready: AtomicBool::new(true),
         }
     }
@@ -62,13 +65,17 @@ enum Endpoint {
     Health,
     Ready,
     Metrics,
+    /// Every path on the video address; the video module owns its paths and methods.
+    Video,
 }
 
 impl Endpoint {
-    fn method(self) -> (Method, &'static str) {
+    /// The one method the endpoint takes, or `None` when its module checks methods itself.
+    fn method(self) -> Option<(Method, &'static str)> {
         match self {
-            Self::Llm(_) => (Method::POST, "POST"),
-            _ => (Method::GET, "GET"),
+            Self::Llm(_) => Some((Method::POST, "POST")),
+            Self::Video => None,
+            _ => Some((Method::GET, "GET")),
         }
     }
 
@@ -77,6 +84,7 @@ impl Endpoint {
             Self::Llm(Protocol::Messages) => ErrorShape::Anthropic,
             Self::Llm(_) | Self::Models => ErrorShape::OpenAi,
             Self::Health | Self::Ready | Self::Metrics => ErrorShape::Text,
+            Self::Video => ErrorShape::Video,
         }
     }
 }
@@ -100,6 +108,7 @@ fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
         (Address::Admin, "/healthz") => Some(Endpoint::Health),
         (Address::Admin, "/readyz") => Some(Endpoint::Ready),
         (Address::Admin, "/metrics") => Some(Endpoint::Metrics),
+        (Address::Video, _) => Some(Endpoint::Video),
         _ => None,
     }
 }
@@ -130,18 +139,14 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
     let ep = endpoint(address, &path);
     let shape = ep.map_or(address_shape(address), Endpoint::shape);
     let result = match ep {
-        None if address == Address::Video => Err(GatewayError::new(
-            ErrorKind::NotFound,
-            format!("no such path: {path}; video generation is not enabled on this gateway yet"),
-        )),
         None => Err(GatewayError::new(
             ErrorKind::NotFound,
             format!("no such path: {method} {path}"),
         )),
-        Some(ep) if req.method() != ep.method().0 => {
-            Err(GatewayError::method_not_allowed(ep.method().1))
-        }
-        Some(ep) => dispatch(gw, address, ep, req, &mut ctx).await,
+        Some(ep) => match ep.method() {
+            Some((m, allow)) if req.method() != m => Err(GatewayError::method_not_allowed(allow)),
+            _ => dispatch(gw, address, ep, req, &mut ctx).await,
+        },
     };
     let mut resp = match result {
         Ok(resp) => resp,
@@ -195,6 +200,7 @@ async fn dispatch(
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
         Endpoint::Metrics => Ok(text(StatusCode::OK, gw.metrics.render())),
+        Endpoint::Video => gw.video.handle(gw, req, &ctx.request_id).await,
     }
 }
 
@@ -303,7 +309,7 @@ fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
 }
 
 /// Reads the whole request body, refusing with 413 as soon as it exceeds `max` bytes.
-async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, GatewayError> {
+pub(crate) async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, GatewayError> {
     let too_large = || {
         GatewayError::new(
             ErrorKind::TooLarge,
