@@ -27,6 +27,7 @@ pub mod passthrough;
 pub mod pipeline;
 pub mod route;
 pub mod server;
+pub mod sse;
 pub mod tls;
 pub mod upstream;
 pub mod validate;

@@ -1,0 +1,129 @@
+//! Server-sent events: an incremental decoder that accepts any split of the bytes, and the encoder's framing helpers.
+
+use bytes::{Buf, BytesMut};
+
+/// One dispatched event: its `event:` name (if any) and its `data:` lines joined with `\n`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SseEvent {
+    pub event: Option<String>,
+    pub data: String,
+}
+
+/// Decodes an event stream fed in arbitrary pieces (WHATWG rules: `\n`, `\r\n` or `\r` line ends,
+/// `:` comments, repeated `data:` joined by `\n`, one leading space after the colon stripped).
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    buf: BytesMut,
+    event: Option<String>,
+    data: String,
+    has_data: bool,
+    /// A `\r` ended the last line; a `\n` right after it belongs to the same line end.
+    pending_cr: bool,
+}
+
+impl SseDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds bytes; complete events are appended to `out`.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) {
+        self.buf.extend_from_slice(bytes);
+        loop {
+            if self.pending_cr && !self.buf.is_empty() {
+                if self.buf[0] == b'\n' {
+                    self.buf.advance(1);
+                }
+                self.pending_cr = false;
+            }
+            let Some(pos) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
+                break;
+            };
+            let line = self.buf.split_to(pos);
+            let terminator = self.buf[0];
+            self.buf.advance(1);
+            if terminator == b'\r' {
+                self.pending_cr = true;
+            }
+            self.line(&line, out);
+        }
+    }
+
+    /// Ends the stream: a final event without its blank line is still dispatched (as browsers do not,
+    /// but a truncated upstream's last complete data line is better surfaced than lost).
+    pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
+        if !self.buf.is_empty() {
+            let line = self.buf.split();
+            self.line(&line, out);
+        }
+        self.dispatch(out);
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            self.dispatch(out);
+            return;
+        }
+        if line[0] == b':' {
+            return;
+        }
+        let (field, value) = match line.iter().position(|b| *b == b':') {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        let value = String::from_utf8_lossy(value);
+        match field {
+            b"data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(&value);
+                self.has_data = true;
+            }
+            b"event" => self.event = Some(value.into_owned()),
+            _ => {}
+        }
+    }
+
+    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+        if self.has_data {
+            out.push(SseEvent {
+                event: self.event.take(),
+                data: std::mem::take(&mut self.data),
+            });
+        }
+        self.event = None;
+        self.has_data = false;
+    }
+}
+
+/// Writes one event: `event: <name>` (when given) and `data: <json>`, then the blank line.
+pub fn write_event(out: &mut Vec<u8>, name: Option<&str>, data: &[u8]) {
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Writes a serialisable value as one event's data.
+pub fn write_json_event<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, name: Option<&str>, value: &T) {
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    // Serialising plain data into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, value);
+    out.extend_from_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests;

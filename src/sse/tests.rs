@@ -1,0 +1,87 @@
+use super::*;
+
+fn decode_all(pieces: &[&[u8]]) -> Vec<SseEvent> {
+    let mut d = SseDecoder::new();
+    let mut out = Vec::new();
+    for p in pieces {
+        d.feed(p, &mut out);
+    }
+    d.finish(&mut out);
+    out
+}
+
+fn ev(event: Option<&str>, data: &str) -> SseEvent {
+    SseEvent {
+        event: event.map(str::to_owned),
+        data: data.to_owned(),
+    }
+}
+
+#[test]
+fn line_endings_comments_and_multiline_data() {
+    let text = b": hello\r\nevent: a\r\ndata: 1\r\ndata:2\r\n\r\ndata: x\rdata: y\r\rid: 3\nretry: 5\nfoo\ndata\n\n";
+    let want = vec![ev(Some("a"), "1\n2"), ev(None, "x\ny"), ev(None, "")];
+    assert_eq!(decode_all(&[text]), want);
+}
+
+#[test]
+fn every_split_gives_the_same_events() {
+    let text: &[u8] = b"event: message_start\ndata: {\"a\":1}\n\n: ping\r\n\r\nevent: x\r\ndata: 2\r\n\r\ndata: [DONE]\n\n";
+    let whole = decode_all(&[text]);
+    assert_eq!(whole.len(), 3);
+    for i in 0..=text.len() {
+        for j in i..=text.len() {
+            assert_eq!(decode_all(&[&text[..i], &text[i..j], &text[j..]]), whole, "split at {i},{j}");
+        }
+    }
+    let bytes: Vec<&[u8]> = text.chunks(1).collect();
+    assert_eq!(decode_all(&bytes), whole);
+}
+
+#[test]
+fn a_cr_lf_split_across_feeds_is_one_line_end() {
+    assert_eq!(decode_all(&[b"data: a\r", b"\n\r", b"\n"]), vec![ev(None, "a")]);
+}
+
+#[test]
+fn unterminated_final_event_is_dispatched_at_finish() {
+    assert_eq!(decode_all(&[b"data: tail"]), vec![ev(None, "tail")]);
+}
+
+#[test]
+fn random_splits_property() {
+    // A small deterministic generator: events built from random fields, split at random points.
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..300 {
+        let mut text = Vec::new();
+        for _ in 0..rng.usize(1..6) {
+            if rng.bool() {
+                text.extend_from_slice(b": comment\n");
+            }
+            if rng.bool() {
+                text.extend_from_slice(format!("event: e{}\n", rng.u8(..)).as_bytes());
+            }
+            for _ in 0..rng.usize(1..3) {
+                let payload: String = (0..rng.usize(0..20))
+                    .map(|_| char::from(rng.u8(b' '..b'~')))
+                    .collect();
+                text.extend_from_slice(format!("data: {payload}").as_bytes());
+                let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r"][rng.usize(0..3)];
+                text.extend_from_slice(eol);
+            }
+            let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r"][rng.usize(0..3)];
+            text.extend_from_slice(eol);
+        }
+        let whole = decode_all(&[&text]);
+        let mut cuts: Vec<usize> = (0..rng.usize(0..8)).map(|_| rng.usize(0..=text.len())).collect();
+        cuts.sort_unstable();
+        let mut pieces = Vec::new();
+        let mut last = 0;
+        for c in cuts {
+            pieces.push(&text[last..c]);
+            last = c;
+        }
+        pieces.push(&text[last..]);
+        assert_eq!(decode_all(&pieces), whole, "text {:?}", String::from_utf8_lossy(&text));
+    }
+}
