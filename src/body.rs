@@ -28,13 +28,56 @@ pub fn empty() -> Body {
     full(Bytes::new())
 }
 
-/// How a stream reports a failure after its first byte, in the client's protocol.
+/// How a passed-through stream reports a failure after its first byte, in the client's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamGuard {
     /// Not a stream (or not ours to police): errors abort the body.
     None,
-    /// Chat completions: must end with `data: [DONE]`; a break becomes an error chunk and `[DONE]`.
+    /// Chat completions: must reach `data: [DONE]`; a break becomes an error chunk and `[DONE]`.
     Chat,
+    /// Anthropic messages: must reach `message_stop`; a break becomes an `error` event.
+    Messages,
+    /// OpenAI responses: must reach a terminal `response.*` event; a break becomes an `error` event.
+    Responses,
+}
+
+impl StreamGuard {
+    /// Byte strings whose presence means the stream reached its own end (or its own error).
+    fn terminals(self) -> &'static [&'static [u8]] {
+        match self {
+            Self::None => &[],
+            Self::Chat => &[b"[DONE]"],
+            Self::Messages => &[b"message_stop", b"event: error"],
+            Self::Responses => &[
+                b"response.completed",
+                b"response.incomplete",
+                b"response.failed",
+                b"event: error",
+            ],
+        }
+    }
+
+    fn error_bytes(self, err: &GatewayError, at_event_boundary: bool) -> Bytes {
+        let mut out = Vec::with_capacity(256);
+        if !at_event_boundary {
+            out.extend_from_slice(b"\n\n");
+        }
+        match self {
+            Self::Chat | Self::None => {
+                crate::sse::write_json_event(&mut out, None, &err.openai_error_json());
+                out.extend_from_slice(b"data: [DONE]\n\n");
+            }
+            Self::Messages => {
+                let body = serde_json::json!({"type": "error", "error": {"type": "api_error", "message": err.message}});
+                crate::sse::write_json_event(&mut out, Some("error"), &body);
+            }
+            Self::Responses => {
+                let body = serde_json::json!({"type": "error", "code": "upstream_error", "message": err.message, "param": null, "sequence_number": 0});
+                crate::sse::write_json_event(&mut out, Some("error"), &body);
+            }
+        }
+        Bytes::from(out)
+    }
 }
 
 /// Holds the last bytes of a stream, enough to see whether it ended with its terminator.
@@ -55,13 +98,17 @@ impl Tail {
         }
     }
 
-    fn trimmed(&self) -> &[u8] {
-        let end = self
-            .buf
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(0, |p| p + 1);
-        &self.buf[..end]
+    /// True when `needle` occurs in the kept tail followed by `data` (so a marker split across
+    /// frames is still found), without copying `data`.
+    fn spans(&self, data: &[u8], needle: &[u8]) -> bool {
+        if data.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+        let head = &data[..data.len().min(needle.len())];
+        let mut joined = Vec::with_capacity(self.buf.len() + head.len());
+        joined.extend_from_slice(&self.buf);
+        joined.extend_from_slice(head);
+        joined.windows(needle.len()).any(|w| w == needle)
     }
 
     fn ends_event(&self) -> bool {
@@ -80,6 +127,7 @@ pin_project! {
         idle_timeout: Duration,
         guard: StreamGuard,
         tail: Tail,
+        terminal_seen: bool,
         done: bool,
     }
 }
@@ -92,21 +140,10 @@ impl<B> UpstreamBody<B> {
             idle_timeout,
             guard,
             tail: Tail::default(),
+            terminal_seen: false,
             done: false,
         }
     }
-}
-
-/// The closing bytes of a broken chat stream: an error chunk the SDKs raise on, then `[DONE]`.
-pub fn chat_stream_error(err: &GatewayError, at_event_boundary: bool) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    if !at_event_boundary {
-        out.extend_from_slice(b"\n\n");
-    }
-    out.extend_from_slice(b"data: ");
-    out.extend_from_slice(err.openai_error_json().to_string().as_bytes());
-    out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-    Bytes::from(out)
 }
 
 impl<B> HttpBody for UpstreamBody<B>
@@ -130,8 +167,10 @@ where
                 this.idle
                     .as_mut()
                     .reset(Instant::now() + *this.idle_timeout);
-                if *this.guard == StreamGuard::Chat {
+                if *this.guard != StreamGuard::None && !*this.terminal_seen {
                     if let Some(data) = frame.data_ref() {
+                        *this.terminal_seen =
+                            this.guard.terminals().iter().any(|t| this.tail.spans(data, t));
                         this.tail.push(data);
                     }
                 }
@@ -146,7 +185,7 @@ where
             }
             Poll::Ready(None) => {
                 *this.done = true;
-                if *this.guard == StreamGuard::Chat && !this.tail.trimmed().ends_with(b"[DONE]") {
+                if *this.guard != StreamGuard::None && !*this.terminal_seen {
                     GatewayError::new(
                         ErrorKind::UpstreamBadResponse,
                         "the upstream stream ended before it was complete",
@@ -169,11 +208,11 @@ where
         *this.done = true;
         tracing::warn!(error = %failure, "upstream body failed");
         match this.guard {
-            StreamGuard::Chat => {
-                let bytes = chat_stream_error(&failure, this.tail.ends_event());
+            StreamGuard::None => Poll::Ready(Some(Err(Box::new(failure)))),
+            guard => {
+                let bytes = guard.error_bytes(&failure, this.tail.ends_event());
                 Poll::Ready(Some(Ok(Frame::data(bytes))))
             }
-            StreamGuard::None => Poll::Ready(Some(Err(Box::new(failure)))),
         }
     }
 
@@ -183,9 +222,9 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match self.guard {
-            // A guarded stream may grow by an error chunk, so its length is never exact.
-            StreamGuard::Chat => SizeHint::default(),
             StreamGuard::None => self.inner.size_hint(),
+            // A guarded stream may grow by an error event, so its length is never exact.
+            _ => SizeHint::default(),
         }
     }
 }

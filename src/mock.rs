@@ -1,4 +1,4 @@
-//! The built-in mock upstream: deterministic chat replies (text, thinking, tool calls, usage) derived from the last user message, in-process or on its own port.
+//! The built-in mock upstream: deterministic replies (text, thinking, tool calls, usage) derived from the last user message, in chat, messages and responses, in-process or on its own port.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,17 +16,159 @@ use serde_json::{json, Value};
 use crate::body::{self, Body, BoxError};
 use crate::config::Protocol;
 use crate::error::{ErrorKind, ErrorShape, GatewayError};
+use crate::{ir, translate};
 
 /// Answers one request for `protocol` with the mock model.
 pub fn handle(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Response<Body> {
     match protocol {
         Protocol::Chat => chat(body, chunk_delay),
-        Protocol::Messages | Protocol::Responses => GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!("the mock upstream does not speak {} yet", protocol.name()),
-        )
-        .into_response(ErrorShape::OpenAi),
+        Protocol::Messages | Protocol::Responses => other_protocol(protocol, body, chunk_delay),
     }
+}
+
+/// A messages or responses request, answered in that protocol by running the same decision as
+/// chat and writing it out with the gateway's own encoders for that protocol.
+fn other_protocol(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Response<Body> {
+    let shape = if protocol == Protocol::Messages { ErrorShape::Anthropic } else { ErrorShape::OpenAi };
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return GatewayError::new(ErrorKind::InvalidRequest, "the body is not a JSON object").into_response(shape),
+    };
+    let r = match translate::decode_request(protocol, &v, protocol) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(shape),
+    };
+    let model = v.get("model").and_then(Value::as_str).unwrap_or("mock");
+    let reply = decide(&chat_view(&r, model));
+    let sign = protocol == Protocol::Messages;
+    let translation = translate::Translation::for_mock(protocol, model, &v);
+    if r.stream {
+        let mut encoder = translation.stream_encoder();
+        let mut chunks = VecDeque::new();
+        for ev in reply_events(&reply, sign) {
+            let mut out = Vec::new();
+            encoder.encode(ev, &mut out);
+            if !out.is_empty() {
+                chunks.push_back(Bytes::from(out));
+            }
+        }
+        sse_response(ChunksBody::new(chunks, chunk_delay))
+    } else {
+        let ir = reply_ir(&reply, sign);
+        let value = match protocol {
+            Protocol::Messages => translate::messages::ir_to_response(&ir, model),
+            _ => translation.responses_reply(&ir),
+        };
+        json_response(&value)
+    }
+}
+
+/// The IR request as the chat-shaped value `decide` reads.
+fn chat_view(r: &ir::Request, model: &str) -> Value {
+    let messages: Vec<Value> = r
+        .messages
+        .iter()
+        .map(|m| {
+            let text: Vec<&str> = m
+                .content
+                .iter()
+                .filter_map(|p| match p {
+                    ir::Part::Text(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let role = if m.role == ir::Role::User { "user" } else { "assistant" };
+            json!({"role": role, "content": text.join(" ")})
+        })
+        .collect();
+    let tools: Vec<Value> = r
+        .tools
+        .iter()
+        .map(|t| json!({"type": "function", "function": {"name": t.name, "parameters": t.parameters}}))
+        .collect();
+    let tool_choice = match &r.tool_choice {
+        None | Some(ir::ToolChoice::Auto) => Value::Null,
+        Some(ir::ToolChoice::None) => json!("none"),
+        Some(ir::ToolChoice::Required) => json!("required"),
+        Some(ir::ToolChoice::Named(n)) => json!({"type": "function", "function": {"name": n}}),
+    };
+    json!({
+        "model": model, "messages": messages, "tools": tools, "tool_choice": tool_choice,
+        "stop": r.stop, "max_tokens": r.max_tokens,
+        "enable_thinking": r.thinking.as_ref().is_some_and(|t| t.enabled),
+    })
+}
+
+fn mock_signature(reasoning: &str) -> String {
+    format!("mock-signature-{:016x}", fingerprint(reasoning))
+}
+
+fn reply_usage(reply: &Reply) -> ir::Usage {
+    ir::Usage { input: reply.prompt_tokens, output: reply.completion_tokens(), ..ir::Usage::default() }
+}
+
+fn reply_finish(reply: &Reply) -> ir::Finish {
+    match reply.finish {
+        Finish::Stop => ir::Finish::EndTurn,
+        Finish::Length => ir::Finish::MaxTokens,
+        Finish::ToolCalls => ir::Finish::ToolUse,
+    }
+}
+
+/// The reply as an IR response; `sign` gives thinking a (mock) signature, as Anthropic does.
+pub fn reply_ir(reply: &Reply, sign: bool) -> ir::Response {
+    let mut content = Vec::new();
+    if let Some(r) = &reply.reasoning {
+        content.push(ir::Part::Reasoning(ir::Reasoning {
+            text: r.clone(),
+            signature: sign.then(|| mock_signature(r)),
+            redacted: None,
+        }));
+    }
+    if !reply.tokens.is_empty() {
+        content.push(ir::Part::Text(reply.tokens.concat()));
+    }
+    if let Some(c) = &reply.tool_call {
+        content.push(ir::Part::ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() });
+    }
+    ir::Response {
+        id: format!("mock{:016x}", fingerprint(&reply.tokens.concat())),
+        model: reply.model.clone(),
+        created: now_secs(),
+        content,
+        finish: reply_finish(reply),
+        usage: reply_usage(reply),
+    }
+}
+
+/// The reply as IR stream events, one small piece per event.
+pub fn reply_events(reply: &Reply, sign: bool) -> Vec<ir::Event> {
+    use ir::Event;
+    let mut out = vec![Event::Start {
+        id: format!("mock{:016x}", fingerprint(&reply.tokens.concat())),
+        model: reply.model.clone(),
+        created: now_secs(),
+    }];
+    if let Some(r) = &reply.reasoning {
+        out.extend(r.split_inclusive(' ').map(|p| Event::ReasoningDelta(p.to_owned())));
+        if sign {
+            out.push(Event::ReasoningSignature(mock_signature(r)));
+        }
+    }
+    out.extend(reply.tokens.iter().map(|t| Event::TextDelta(t.clone())));
+    if let Some(c) = &reply.tool_call {
+        out.push(Event::ToolStart { index: 0, id: c.id.clone(), name: c.name.clone() });
+        let mid = c.arguments.char_indices().map(|(i, _)| i).nth(c.arguments.chars().count() / 2).unwrap_or(0);
+        for piece in [&c.arguments[..mid], &c.arguments[mid..]] {
+            if !piece.is_empty() {
+                out.push(Event::ToolArgs { index: 0, fragment: piece.to_owned() });
+            }
+        }
+    }
+    out.push(Event::Finish(reply_finish(reply)));
+    out.push(Event::Usage(reply_usage(reply)));
+    out.push(Event::End);
+    out
 }
 
 /// What the mock decided to answer, before it is put in any protocol's shape.

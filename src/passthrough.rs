@@ -67,3 +67,14 @@ fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: 
         }
     }
 }
+
+/// A messages or responses body with only `model` renamed (or the client's bytes when it is not).
+pub fn rename_model(original: &Bytes, mut obj: RawObject<'_>, model: &Model) -> Bytes {
+    match &model.upstream_model {
+        None => original.clone(),
+        Some(name) => {
+            obj.set("model", json::to_raw(name.as_str()));
+            Bytes::from(obj.to_vec())
+        }
+    }
+}

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::route::{self, ModelTable, NamePattern};
 use crate::upstream::{self, UpstreamClient};
 use crate::video::VideoService;
-use crate::{mock, passthrough, validate};
+use crate::{mock, passthrough, translate, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
@@ -67,13 +67,16 @@ enum Endpoint {
     Metrics,
     /// Every path on the video address; the video module owns its paths and methods.
     Video,
+    /// The built-in mock over HTTP on the admin address, so configs can reach it as a real
+    /// upstream of any protocol (and every translation pair works on the shipped config).
+    Mock(Protocol),
 }
 
 impl Endpoint {
     /// The one method the endpoint takes, or `None` when its module checks methods itself.
     fn method(self) -> Option<(Method, &'static str)> {
         match self {
-            Self::Llm(_) => Some((Method::POST, "POST")),
+            Self::Llm(_) | Self::Mock(_) => Some((Method::POST, "POST")),
             Self::Video => None,
             _ => Some((Method::GET, "GET")),
         }
@@ -84,6 +87,8 @@ impl Endpoint {
             Self::Llm(Protocol::Messages) => ErrorShape::Anthropic,
             Self::Llm(_) | Self::Models => ErrorShape::OpenAi,
             Self::Health | Self::Ready | Self::Metrics => ErrorShape::Text,
+            Self::Mock(Protocol::Messages) => ErrorShape::Anthropic,
+            Self::Mock(_) => ErrorShape::OpenAi,
             Self::Video => ErrorShape::Video,
         }
     }
@@ -109,6 +114,9 @@ fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
         (Address::Admin, "/readyz") => Some(Endpoint::Ready),
         (Address::Admin, "/metrics") => Some(Endpoint::Metrics),
         (Address::Video, _) => Some(Endpoint::Video),
+        (Address::Admin, "/mock/v1/chat/completions") => Some(Endpoint::Mock(Protocol::Chat)),
+        (Address::Admin, "/mock/v1/messages") => Some(Endpoint::Mock(Protocol::Messages)),
+        (Address::Admin, "/mock/v1/responses") => Some(Endpoint::Mock(Protocol::Responses)),
         _ => None,
     }
 }
@@ -186,11 +194,7 @@ async fn dispatch(
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
     match ep {
-        Endpoint::Llm(Protocol::Chat) => chat(gw, address, req, ctx).await,
-        Endpoint::Llm(p) => Err(GatewayError::new(
-            ErrorKind::NotFound,
-            format!("{} is not enabled on this gateway yet", p.client_path()),
-        )),
+        Endpoint::Llm(protocol) => llm(gw, address, protocol, req, ctx).await,
         Endpoint::Models => {
             let principal = gw.keys.authenticate(req.headers(), address, false)?;
             ctx.key = Some(principal.clone());
@@ -201,17 +205,25 @@ async fn dispatch(
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
         Endpoint::Metrics => Ok(text(StatusCode::OK, gw.metrics.render())),
         Endpoint::Video => gw.video.handle(gw, req, &ctx.request_id).await,
+        Endpoint::Mock(protocol) => {
+            let (parts, body) = req.into_parts();
+            let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+            Ok(mock::handle(protocol, &bytes, std::time::Duration::ZERO))
+        }
     }
 }
 
-/// `POST /v1/chat/completions`.
-async fn chat(
+/// `POST /v1/chat/completions`, `/v1/messages`, `/v1/responses`.
+async fn llm(
     gw: &Gateway,
     address: Address,
+    protocol: Protocol,
     req: Request<Incoming>,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
-    let principal = gw.keys.authenticate(req.headers(), address, false)?;
+    let principal = gw
+        .keys
+        .authenticate(req.headers(), address, protocol == Protocol::Messages)?;
     ctx.key = Some(principal.clone());
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
@@ -220,30 +232,47 @@ async fn chat(
     let model = gw.models.resolve(&client_model, address)?.clone();
     ctx.model = Some(model.clone());
     principal.check_model(&client_model)?;
-    route::check_endpoint(&model, &client_model, Protocol::Chat)?;
-    let checked = validate::chat(&obj, &model, &client_model)?;
-    match model.upstream.kind {
-        UpstreamKind::Chat | UpstreamKind::Mock => {}
-        other => {
-            return Err(GatewayError::invalid(
-                "model",
-                format!(
-                    "the model {client_model:?} is served by a {:?} upstream; translation from chat completions to it is not available yet",
-                    other.name()
-                ),
-            ))
-        }
+    route::check_endpoint(&model, &client_model, protocol)?;
+    // The mock speaks every protocol, so it is always the fast path.
+    let upstream_protocol = model.upstream.kind.protocol().unwrap_or(protocol);
+    if !matches!(model.upstream.kind, UpstreamKind::Mock) && model.upstream.kind.protocol().is_none() {
+        return Err(GatewayError::invalid(
+            "model",
+            format!("the model {client_model:?} is a video model; use the video address"),
+        ));
     }
-    let upstream_body = passthrough::chat_body(&bytes, obj, &model, &checked);
-    let guard = if checked.stream {
-        StreamGuard::Chat
-    } else {
-        StreamGuard::None
-    };
-    send(gw, &model, Protocol::Chat, &parts.headers, &ctx.request_id, upstream_body, guard).await
+    if upstream_protocol == protocol {
+        let (upstream_body, stream) = match protocol {
+            Protocol::Chat => {
+                let checked = validate::chat(&obj, &model, &client_model)?;
+                (passthrough::chat_body(&bytes, obj, &model, &checked), checked.stream)
+            }
+            Protocol::Messages | Protocol::Responses => {
+                let stream = validate::passthrough(&obj, protocol)?;
+                (passthrough::rename_model(&bytes, obj, &model), stream)
+            }
+        };
+        let resp = send(gw, &model, protocol, &parts.headers, &ctx.request_id, upstream_body).await?;
+        let guard = match (stream, protocol) {
+            (false, _) => StreamGuard::None,
+            (true, Protocol::Chat) => StreamGuard::Chat,
+            (true, Protocol::Messages) => StreamGuard::Messages,
+            (true, Protocol::Responses) => StreamGuard::Responses,
+        };
+        return Ok(wrap_response(resp, gw.limits, guard));
+    }
+    if protocol == Protocol::Chat {
+        // Chat's own rules (ranges, thinking switches) hold whatever the upstream speaks.
+        validate::chat(&obj, &model, &client_model)?;
+    }
+    drop(obj);
+    let (upstream_body, translation) =
+        translate::request(protocol, upstream_protocol, &bytes, &model, &client_model)?;
+    let resp = send(gw, &model, upstream_protocol, &parts.headers, &ctx.request_id, upstream_body).await?;
+    translated_response(resp, gw.limits, &translation).await
 }
 
-/// Sends the request to the model's upstream and wraps the answer for the client.
+/// Sends the request to the model's upstream; the answer's body is not read yet.
 async fn send(
     gw: &Gateway,
     model: &Model,
@@ -251,12 +280,10 @@ async fn send(
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
     body: Bytes,
-    guard: StreamGuard,
 ) -> Result<Response<Body>, GatewayError> {
     let upstream = &model.upstream;
     if upstream.kind == UpstreamKind::Mock {
-        let resp = mock::handle(protocol, &body, std::time::Duration::ZERO);
-        return Ok(wrap_response(resp, gw.limits, guard));
+        return Ok(mock::handle(protocol, &body, std::time::Duration::ZERO));
     }
     let uri = upstream.uri_for(protocol).cloned().ok_or_else(|| {
         GatewayError::new(
@@ -271,23 +298,21 @@ async fn send(
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
     }
-    Ok(wrap_response(resp, gw.limits, guard))
+    Ok(resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) }))))
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
-fn wrap_response<B>(resp: Response<B>, limits: Limits, guard: StreamGuard) -> Response<Body>
-where
-    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
-    B::Error: Into<body::BoxError>,
-{
+fn wrap_response(resp: Response<Body>, limits: Limits, guard: StreamGuard) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
-    let is_sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
     // Only a successful event stream is ours to police; an error body passes through as sent.
-    let guard = if parts.status.is_success() && is_sse {
+    let guard = if parts.status.is_success() && is_event_stream(&parts.headers) {
         guard
     } else {
         StreamGuard::None
@@ -295,6 +320,40 @@ where
     parts.headers = upstream::response_headers(&parts.headers);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard);
     Response::from_parts(parts, BodyExt::boxed(body))
+}
+
+/// The upstream's answer in the client's protocol: a stream translated as it arrives, or a whole
+/// JSON body (reply or error) translated at once.
+async fn translated_response(
+    resp: Response<Body>,
+    limits: Limits,
+    t: &translate::Translation,
+) -> Result<Response<Body>, GatewayError> {
+    let (parts, inner) = resp.into_parts();
+    let mut headers = upstream::response_headers(&parts.headers);
+    headers.remove(header::CONTENT_TYPE);
+    headers.remove(header::CONTENT_ENCODING);
+    // Boxed before any await: the body's generic bounds otherwise trip the compiler's
+    // Send analysis of this future (rust-lang/rust#110338).
+    let body: Body = BodyExt::boxed(UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None));
+    if parts.status.is_success() && is_event_stream(&parts.headers) {
+        let mut resp = Response::new(BodyExt::boxed(translate::TranslateBody::new(body, t)));
+        *resp.headers_mut() = headers;
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(resp);
+    }
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| GatewayError::new(ErrorKind::UpstreamBadResponse, format!("reading the upstream reply: {e}")))?
+        .to_bytes();
+    let (status, value) = t.json_reply(parts.status, &bytes);
+    let mut resp = Response::new(body::full(value.to_string()));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(resp)
 }
 
 fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {

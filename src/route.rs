@@ -76,7 +76,7 @@ impl ModelTable {
             }
             table.all.push(m.clone());
         }
-        table.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        table.prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         table
     }
 

@@ -514,3 +514,28 @@ fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option
     }
     Ok(Some(on))
 }
+
+/// The little a passed-through messages or responses body must satisfy before it goes upstream;
+/// the upstream checks the rest in its own protocol. Returns whether a stream was asked for.
+pub fn passthrough(obj: &RawObject, protocol: crate::config::Protocol) -> Result<bool, GatewayError> {
+    use crate::config::Protocol;
+    match protocol {
+        Protocol::Messages => {
+            if obj.get_present("max_tokens").is_none() {
+                return Err(GatewayError::invalid("max_tokens", "`max_tokens` is required"));
+            }
+            int_in(obj, "max_tokens", 1, i64::MAX)?;
+            let raw = obj
+                .get_present("messages")
+                .ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
+            typed("messages", raw, json::as_array)?;
+        }
+        Protocol::Responses => {
+            if obj.get_present("input").is_none() && obj.get_present("previous_response_id").is_none() {
+                return Err(GatewayError::invalid("input", "`input` is required"));
+            }
+        }
+        Protocol::Chat => {}
+    }
+    Ok(bool_field(obj, "stream")?.unwrap_or(false))
+}

@@ -1,0 +1,225 @@
+//! The canonical representation every translation goes through: requests, replies, stream events and errors, with nothing protocol-specific.
+
+use serde_json::Value;
+
+/// A conversation request, as all three protocols understand it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Request {
+    /// System prompt pieces in order (system/developer messages, `system`, `instructions`).
+    pub system: Vec<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u64>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// The client asked for usage in the stream (chat's `stream_options.include_usage`).
+    pub include_usage: bool,
+    pub thinking: Option<Thinking>,
+    pub response_format: Option<ResponseFormat>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    Image(Image),
+    /// A tool call; `arguments` is JSON text, possibly invalid (the model wrote it).
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
+    ToolResult {
+        call_id: String,
+        content: Vec<Part>,
+        is_error: bool,
+    },
+    /// Reasoning text with its provenance: an Anthropic signature, or opaque redacted data.
+    Reasoning(Reasoning),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reasoning {
+    pub text: String,
+    /// The upstream's signature, carried through untouched; never invented.
+    pub signature: Option<String>,
+    /// Anthropic `redacted_thinking.data`.
+    pub redacted: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub source: ImageSource,
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageSource {
+    Url(String),
+    Base64 { media_type: String, data: String },
+}
+
+impl ImageSource {
+    /// Splits a `data:<mime>;base64,<data>` URL; any other URL stays a URL.
+    pub fn from_url(url: &str) -> Self {
+        if let Some(rest) = url.strip_prefix("data:") {
+            if let Some((mime, data)) = rest.split_once(";base64,") {
+                return Self::Base64 {
+                    media_type: mime.to_owned(),
+                    data: data.to_owned(),
+                };
+            }
+        }
+        Self::Url(url.to_owned())
+    }
+
+    pub fn to_url(&self) -> String {
+        match self {
+            Self::Url(u) => u.clone(),
+            Self::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments (an object schema).
+    pub parameters: Value,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thinking {
+    pub enabled: bool,
+    pub budget_tokens: Option<u64>,
+    /// `minimal`, `low`, `medium`, `high`, … as the client said it.
+    pub effort: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema {
+        name: String,
+        description: Option<String>,
+        schema: Value,
+        strict: Option<bool>,
+    },
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Finish {
+    #[default]
+    EndTurn,
+    StopSequence(Option<String>),
+    MaxTokens,
+    ToolUse,
+    ContentFilter,
+}
+
+/// Token counts; `input` excludes cache reads and writes, so the whole prompt is their sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl Usage {
+    pub fn prompt_total(&self) -> u64 {
+        self.input + self.cache_read + self.cache_write
+    }
+}
+
+/// A complete, non-streamed reply.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Response {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    /// Reasoning, text and tool calls in the order the model produced them.
+    pub content: Vec<Part>,
+    pub finish: Finish,
+    pub usage: Usage,
+}
+
+/// An upstream failure in protocol-neutral terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorInfo {
+    pub status: u16,
+    pub message: String,
+    /// The upstream's own type or code, when it said one.
+    pub code: Option<String>,
+}
+
+/// One step of a streamed reply. Decoders turn wire events into these; encoders the reverse.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Start {
+        id: String,
+        model: String,
+        created: u64,
+    },
+    ReasoningDelta(String),
+    ReasoningSignature(String),
+    RedactedReasoning(String),
+    TextDelta(String),
+    /// A new tool call; `index` counts tool calls in this reply from 0.
+    ToolStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    ToolArgs {
+        index: usize,
+        fragment: String,
+    },
+    Finish(Finish),
+    /// Cumulative usage so far (replaces, never adds).
+    Usage(Usage),
+    Error(ErrorInfo),
+    /// The upstream finished cleanly.
+    End,
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A fresh id with a protocol's prefix (`msg_`, `resp_`, `chatcmpl-`, `toolu_`, `fc_`, …).
+pub fn mint_id(prefix: &str) -> String {
+    format!("{prefix}{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..))
+}

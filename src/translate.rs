@@ -1,0 +1,341 @@
+//! Translation between client and upstream protocols through the IR: the request on the way in, the reply (JSON or stream, frame by frame) on the way out.
+
+pub mod chat;
+pub mod common;
+pub mod messages;
+pub mod responses;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use serde_json::Value;
+
+use crate::body::BoxError;
+use crate::config::{Model, Protocol};
+use crate::error::{ErrorKind, GatewayError};
+use crate::ir::{self, Event};
+use crate::sse::{SseDecoder, SseEvent};
+
+/// How long an Anthropic client may wait without a byte before it gets a `ping`.
+pub const PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the reply's translation needs to remember from the request.
+#[derive(Debug, Clone)]
+pub struct Translation {
+    pub client: Protocol,
+    pub upstream: Protocol,
+    pub client_model: String,
+    pub stream: bool,
+    include_usage: bool,
+    json_mode: bool,
+    echo: responses::Echo,
+}
+
+/// Parses a client body of protocol `client` into the IR, refusing what `target` cannot express.
+pub fn decode_request(client: Protocol, v: &Value, target: Protocol) -> Result<ir::Request, GatewayError> {
+    match client {
+        Protocol::Chat => chat::request_to_ir(v, target),
+        Protocol::Messages => messages::request_to_ir(v, target),
+        Protocol::Responses => responses::request_to_ir(v, target),
+    }
+}
+
+/// Writes the IR as a request of protocol `upstream`.
+pub fn encode_request(upstream: Protocol, r: &ir::Request, upstream_model: &str, model: &Model) -> Result<Value, GatewayError> {
+    match upstream {
+        Protocol::Chat => chat::ir_to_request(r, upstream_model, model),
+        Protocol::Messages => messages::ir_to_request(r, upstream_model, model),
+        Protocol::Responses => responses::ir_to_request(r, upstream_model, model),
+    }
+}
+
+/// Translates a client request body for an upstream of another protocol.
+pub fn request(client: Protocol, upstream: Protocol, body: &[u8], model: &Model, client_model: &str) -> Result<(Bytes, Translation), GatewayError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::new(ErrorKind::InvalidRequest, format!("the request body is not valid JSON: {e}")))?;
+    let r = decode_request(client, &v, upstream)?;
+    let upstream_model = model.upstream_model.as_deref().unwrap_or(client_model);
+    let out = encode_request(upstream, &r, upstream_model, model)?;
+    let json_mode = upstream == Protocol::Messages
+        && matches!(r.response_format, Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. }));
+    let t = Translation {
+        client,
+        upstream,
+        client_model: client_model.to_owned(),
+        stream: r.stream,
+        include_usage: r.include_usage,
+        json_mode,
+        echo: if client == Protocol::Responses { responses::Echo::from_request(&v) } else { responses::Echo::default() },
+    };
+    let bytes = serde_json::to_vec(&out).map_err(|e| GatewayError::new(ErrorKind::Internal, format!("encoding the upstream request: {e}")))?;
+    Ok((Bytes::from(bytes), t))
+}
+
+/// The client-protocol error body for an upstream failure.
+pub fn error_body(client: Protocol, e: &ir::ErrorInfo) -> Value {
+    match client {
+        Protocol::Chat => chat::error_body(e),
+        Protocol::Messages => messages::error_body(e),
+        Protocol::Responses => responses::error_body(e),
+    }
+}
+
+impl Translation {
+    /// The reply side of a translation for the mock, which answers `protocol` from the IR directly.
+    pub fn for_mock(protocol: Protocol, model: &str, request: &Value) -> Self {
+        Self {
+            client: protocol,
+            upstream: protocol,
+            client_model: model.to_owned(),
+            stream: false,
+            include_usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
+            json_mode: false,
+            echo: responses::Echo::from_request(request),
+        }
+    }
+
+    /// A responses reply for `r`, echoing the request this translation came from.
+    pub fn responses_reply(&self, r: &ir::Response) -> Value {
+        responses::ir_to_response(r, &self.client_model, &self.echo)
+    }
+
+    /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
+    pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Value) {
+        let parsed: Option<Value> = serde_json::from_slice(body).ok();
+        if !status.is_success() {
+            let info = match (&parsed, self.upstream) {
+                (Some(v), Protocol::Messages) => messages::error_from_body(status.as_u16(), v),
+                (Some(v), _) => chat::error_from_body(status.as_u16(), v),
+                (None, _) => ir::ErrorInfo { status: status.as_u16(), message: String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(), code: None },
+            };
+            // Anthropic's "overloaded" has no OpenAI status; OpenAI says 503 for the same thing.
+            let status = if status.as_u16() == 529 && self.client != Protocol::Messages { StatusCode::SERVICE_UNAVAILABLE } else { status };
+            return (status, error_body(self.client, &info));
+        }
+        let Some(v) = parsed else {
+            let info = ir::ErrorInfo { status: 502, message: "the upstream answered with a body that is not JSON".into(), code: None };
+            return (StatusCode::BAD_GATEWAY, error_body(self.client, &info));
+        };
+        let decoded = match self.upstream {
+            Protocol::Chat => chat::response_to_ir(&v).map_err(|e| ir::ErrorInfo { status: 502, message: e.message, code: None }),
+            Protocol::Messages => messages::response_to_ir(&v, self.json_mode).map_err(|e| ir::ErrorInfo { status: 502, message: e.message, code: None }),
+            Protocol::Responses => responses::response_to_ir(&v),
+        };
+        match decoded {
+            Ok(r) => (StatusCode::OK, match self.client {
+                Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
+                Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
+                Protocol::Responses => responses::ir_to_response(&r, &self.client_model, &self.echo),
+            }),
+            Err(info) => (StatusCode::BAD_GATEWAY, error_body(self.client, &info)),
+        }
+    }
+
+    pub fn stream_decoder(&self) -> StreamDecoder {
+        match self.upstream {
+            Protocol::Chat => StreamDecoder::Chat(chat::StreamDecoder::default()),
+            Protocol::Messages => StreamDecoder::Messages(messages::StreamDecoder::new(self.json_mode)),
+            Protocol::Responses => StreamDecoder::Responses(responses::StreamDecoder::default()),
+        }
+    }
+
+    pub fn stream_encoder(&self) -> StreamEncoder {
+        match self.client {
+            Protocol::Chat => StreamEncoder::Chat(chat::StreamEncoder::new(&self.client_model, self.include_usage)),
+            Protocol::Messages => StreamEncoder::Messages(messages::StreamEncoder::new(&self.client_model)),
+            Protocol::Responses => StreamEncoder::Responses(responses::StreamEncoder::new(&self.client_model, self.echo.clone())),
+        }
+    }
+}
+
+/// The upstream side of a stream translation: wire events → IR events.
+#[derive(Debug)]
+pub enum StreamDecoder {
+    Chat(chat::StreamDecoder),
+    Messages(messages::StreamDecoder),
+    Responses(responses::StreamDecoder),
+}
+
+impl StreamDecoder {
+    pub fn decode(&mut self, ev: &SseEvent, out: &mut Vec<Event>) {
+        match self {
+            Self::Chat(d) => d.decode(ev, out),
+            Self::Messages(d) => d.decode(ev, out),
+            Self::Responses(d) => d.decode(ev, out),
+        }
+    }
+}
+
+/// The client side of a stream translation: IR events → wire bytes.
+#[derive(Debug)]
+pub enum StreamEncoder {
+    Chat(chat::StreamEncoder),
+    Messages(messages::StreamEncoder),
+    Responses(responses::StreamEncoder),
+}
+
+impl StreamEncoder {
+    pub fn encode(&mut self, ev: Event, out: &mut Vec<u8>) {
+        match self {
+            Self::Chat(e) => e.encode(ev, out),
+            Self::Messages(e) => e.encode(ev, out),
+            Self::Responses(e) => e.encode(ev, out),
+        }
+    }
+}
+
+/// One stream translation's state: SSE bytes in, client-protocol SSE bytes out, no task and no channel.
+#[derive(Debug)]
+pub struct StreamTranslator {
+    sse: SseDecoder,
+    decoder: StreamDecoder,
+    encoder: StreamEncoder,
+    events: Vec<SseEvent>,
+    ir: Vec<Event>,
+    /// The upstream ended cleanly or with an error event; nothing more will be written.
+    ended: bool,
+}
+
+impl StreamTranslator {
+    pub fn new(t: &Translation) -> Self {
+        Self { sse: SseDecoder::new(), decoder: t.stream_decoder(), encoder: t.stream_encoder(), events: Vec::new(), ir: Vec::new(), ended: false }
+    }
+
+    /// Feeds upstream bytes; returns the client bytes they produce (possibly none).
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        self.sse.feed(bytes, &mut self.events);
+        self.drain(out);
+    }
+
+    /// The upstream body ended; a stream that never reached its terminal event is reported as broken.
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.sse.finish(&mut self.events);
+        self.drain(out);
+        if !self.ended {
+            self.fail(ir::ErrorInfo { status: 502, message: "the upstream stream ended before it was complete".into(), code: None }, out);
+        }
+    }
+
+    /// Reports a failure (transport error, idle timeout) in the client's protocol and ends the stream.
+    pub fn fail(&mut self, e: ir::ErrorInfo, out: &mut Vec<u8>) {
+        if !self.ended {
+            self.ended = true;
+            self.encoder.encode(Event::Error(e), out);
+        }
+    }
+
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn drain(&mut self, out: &mut Vec<u8>) {
+        for ev in self.events.drain(..) {
+            if self.ended {
+                break;
+            }
+            self.decoder.decode(&ev, &mut self.ir);
+            for e in self.ir.drain(..) {
+                if self.ended {
+                    break;
+                }
+                let terminal = matches!(e, Event::End | Event::Error(_));
+                self.encoder.encode(e, out);
+                self.ended |= terminal;
+            }
+        }
+        self.events.clear();
+    }
+}
+
+pin_project! {
+    /// A streamed reply translated frame by frame as it is polled, with keep-alive pings for
+    /// Anthropic clients while the upstream is silent.
+    pub struct TranslateBody<B> {
+        #[pin]
+        inner: B,
+        state: StreamTranslator,
+        #[pin]
+        ping: tokio::time::Sleep,
+        pings: bool,
+        done: bool,
+    }
+}
+
+impl<B> TranslateBody<B> {
+    pub fn new(inner: B, t: &Translation) -> Self {
+        Self {
+            inner,
+            state: StreamTranslator::new(t),
+            ping: tokio::time::sleep(PING_INTERVAL),
+            pings: t.client == Protocol::Messages,
+            done: false,
+        }
+    }
+}
+
+impl<B> HttpBody for TranslateBody<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        loop {
+            if *this.done {
+                return Poll::Ready(None);
+            }
+            let mut out = Vec::new();
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        this.state.feed(data, &mut out);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e: BoxError = e.into();
+                    let status = match e.downcast_ref::<GatewayError>() {
+                        Some(g) => g.status().as_u16(),
+                        None => 502,
+                    };
+                    this.state.fail(ir::ErrorInfo { status, message: format!("the upstream stream broke: {e}"), code: None }, &mut out);
+                    *this.done = true;
+                }
+                Poll::Ready(None) => {
+                    this.state.finish(&mut out);
+                    *this.done = true;
+                }
+                Poll::Pending => {
+                    if *this.pings && this.ping.as_mut().poll(cx).is_ready() {
+                        this.ping.as_mut().reset(tokio::time::Instant::now() + PING_INTERVAL);
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(messages::PING)))));
+                    }
+                    return Poll::Pending;
+                }
+            }
+            if this.state.ended() {
+                *this.done = true;
+            }
+            if !out.is_empty() {
+                this.ping.as_mut().reset(tokio::time::Instant::now() + PING_INTERVAL);
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
