@@ -67,7 +67,8 @@ impl KeyStore {
         address: Address,
         allow_x_api_key: bool,
     ) -> Result<Arc<Principal>, GatewayError> {
-        let presented = bearer(headers).or_else(|| {
+        // An empty bearer is no key at all: fall back to `x-api-key` where it is allowed.
+        let presented = bearer(headers).filter(|k| !k.is_empty()).or_else(|| {
             allow_x_api_key
                 .then(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
                 .flatten()
@@ -104,9 +105,7 @@ impl KeyStore {
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, rest) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim())
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 /// `modelgate hash-key`: the SHA-256 hex digest of a key.

@@ -169,8 +169,11 @@ where
                     .reset(Instant::now() + *this.idle_timeout);
                 if *this.guard != StreamGuard::None && !*this.terminal_seen {
                     if let Some(data) = frame.data_ref() {
-                        *this.terminal_seen =
-                            this.guard.terminals().iter().any(|t| this.tail.spans(data, t));
+                        *this.terminal_seen = this
+                            .guard
+                            .terminals()
+                            .iter()
+                            .any(|t| this.tail.spans(data, t));
                         this.tail.push(data);
                     }
                 }

@@ -551,7 +551,10 @@ impl Config {
         let raw_listen: Option<RawListen> = match table.remove("listen") {
             Some(v) => section(v, "listen", &mut errors),
             None => {
-                errors.push("listen", "missing; at least `base = \"host:port\"` is required");
+                errors.push(
+                    "listen",
+                    "missing; at least `base = \"host:port\"` is required",
+                );
                 None
             }
         };
@@ -619,7 +622,9 @@ impl Config {
             .models
             .iter()
             .map(|m| {
-                let endpoints = if m.upstream.kind.is_video() || m.addresses == AddressSet::only(Address::Video) {
+                let endpoints = if m.upstream.kind.is_video()
+                    || m.addresses == AddressSet::only(Address::Video)
+                {
                     "video".to_owned()
                 } else {
                     m.endpoints
@@ -697,7 +702,10 @@ fn validate_listen(raw: RawListen, errors: &mut Errors) -> Option<Listen> {
         }
     };
     let base = parse("base", &raw.base);
-    let token_plan = raw.token_plan.as_deref().and_then(|t| parse("token_plan", t));
+    let token_plan = raw
+        .token_plan
+        .as_deref()
+        .and_then(|t| parse("token_plan", t));
     let video = raw.video.as_deref().and_then(|t| parse("video", t));
     let admin = raw.admin.as_deref().and_then(|t| parse("admin", t));
     let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
@@ -854,8 +862,8 @@ fn validate_upstreams(
             },
         };
         let credential = match &u.api_key_env {
-            Some(var) => env_secret(env, var, format!("{path}.api_key_env"), errors).and_then(
-                |value| {
+            Some(var) => {
+                env_secret(env, var, format!("{path}.api_key_env"), errors).and_then(|value| {
                     let formatted = match kind {
                         UpstreamKind::Messages | UpstreamKind::VeoGemini => value,
                         _ => format!("Bearer {value}"),
@@ -873,8 +881,8 @@ fn validate_upstreams(
                             None
                         }
                     }
-                },
-            ),
+                })
+            }
             None => {
                 if matches!(kind, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) {
                     errors.push(
@@ -1014,7 +1022,9 @@ fn validate_models(
             }
         };
         if let Some(u) = &upstream {
-            if u.kind.is_video() && (addresses.contains(Address::Base) || addresses.contains(Address::TokenPlan)) {
+            if u.kind.is_video()
+                && (addresses.contains(Address::Base) || addresses.contains(Address::TokenPlan))
+            {
                 errors.push(
                     format!("{path}.addresses"),
                     format!("upstream {:?} is a video upstream; it can only be served on the video address", u.name),
@@ -1048,7 +1058,10 @@ fn validate_models(
             },
         };
         if m.default_max_tokens == Some(0) {
-            errors.push(format!("{path}.default_max_tokens"), "must be greater than 0");
+            errors.push(
+                format!("{path}.default_max_tokens"),
+                "must be greater than 0",
+            );
         }
         // One name may appear once per address, so each address routes it to one upstream.
         if let Some(other) = out
@@ -1060,7 +1073,9 @@ fn validate_models(
                 format!(
                     "duplicate model name {:?} on address(es) {}",
                     m.name,
-                    AddressSet(other.addresses.0 & addresses.0).names().join(", ")
+                    AddressSet(other.addresses.0 & addresses.0)
+                        .names()
+                        .join(", ")
                 ),
             );
         }

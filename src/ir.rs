@@ -221,5 +221,9 @@ pub fn now_secs() -> u64 {
 
 /// A fresh id with a protocol's prefix (`msg_`, `resp_`, `chatcmpl-`, `toolu_`, `fc_`, …).
 pub fn mint_id(prefix: &str) -> String {
-    format!("{prefix}{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..))
+    format!(
+        "{prefix}{:016x}{:08x}",
+        fastrand::u64(..),
+        fastrand::u32(..)
+    )
 }

@@ -80,7 +80,10 @@ fn main() -> ExitCode {
 }
 
 fn run(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt.block_on(fut),
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -151,8 +154,17 @@ async fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
-    for a in [Address::Base, Address::TokenPlan, Address::Video, Address::Admin] {
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    for a in [
+        Address::Base,
+        Address::TokenPlan,
+        Address::Video,
+        Address::Admin,
+    ] {
         if let Some(addr) = running.addr(a) {
             let scheme = if a == Address::Admin { "http" } else { scheme };
             tracing::info!(listener = a.name(), "listening on {scheme}://{addr}");

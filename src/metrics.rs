@@ -34,9 +34,16 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(1024);
-        out.push_str("# HELP modelgate_requests_total Requests answered, by address and status class.\n");
+        out.push_str(
+            "# HELP modelgate_requests_total Requests answered, by address and status class.\n",
+        );
         out.push_str("# TYPE modelgate_requests_total counter\n");
-        for a in [Address::Base, Address::TokenPlan, Address::Video, Address::Admin] {
+        for a in [
+            Address::Base,
+            Address::TokenPlan,
+            Address::Video,
+            Address::Admin,
+        ] {
             for (i, c) in self.requests[a as usize].iter().enumerate() {
                 let _ = writeln!(
                     out,
@@ -48,11 +55,23 @@ impl Metrics {
             }
         }
         let _ = writeln!(out, "# TYPE modelgate_upstream_requests_total counter");
-        let _ = writeln!(out, "modelgate_upstream_requests_total {}", self.upstream_requests.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "modelgate_upstream_requests_total {}",
+            self.upstream_requests.load(Ordering::Relaxed)
+        );
         let _ = writeln!(out, "# TYPE modelgate_upstream_failures_total counter");
-        let _ = writeln!(out, "modelgate_upstream_failures_total {}", self.upstream_failures.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "modelgate_upstream_failures_total {}",
+            self.upstream_failures.load(Ordering::Relaxed)
+        );
         let _ = writeln!(out, "# TYPE modelgate_in_flight_requests gauge");
-        let _ = writeln!(out, "modelgate_in_flight_requests {}", self.in_flight.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "modelgate_in_flight_requests {}",
+            self.in_flight.load(Ordering::Relaxed)
+        );
         out
     }
 }

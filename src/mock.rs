@@ -29,10 +29,17 @@ pub fn handle(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Respons
 /// A messages or responses request, answered in that protocol by running the same decision as
 /// chat and writing it out with the gateway's own encoders for that protocol.
 fn other_protocol(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Response<Body> {
-    let shape = if protocol == Protocol::Messages { ErrorShape::Anthropic } else { ErrorShape::OpenAi };
+    let shape = if protocol == Protocol::Messages {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    };
     let v: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
-        _ => return GatewayError::new(ErrorKind::InvalidRequest, "the body is not a JSON object").into_response(shape),
+        _ => {
+            return GatewayError::new(ErrorKind::InvalidRequest, "the body is not a JSON object")
+                .into_response(shape)
+        }
     };
     let r = match translate::decode_request(protocol, &v, protocol) {
         Ok(r) => r,
@@ -77,7 +84,11 @@ fn chat_view(r: &ir::Request, model: &str) -> Value {
                     _ => None,
                 })
                 .collect();
-            let role = if m.role == ir::Role::User { "user" } else { "assistant" };
+            let role = if m.role == ir::Role::User {
+                "user"
+            } else {
+                "assistant"
+            };
             json!({"role": role, "content": text.join(" ")})
         })
         .collect();
@@ -104,7 +115,11 @@ fn mock_signature(reasoning: &str) -> String {
 }
 
 fn reply_usage(reply: &Reply) -> ir::Usage {
-    ir::Usage { input: reply.prompt_tokens, output: reply.completion_tokens(), ..ir::Usage::default() }
+    ir::Usage {
+        input: reply.prompt_tokens,
+        output: reply.completion_tokens(),
+        ..ir::Usage::default()
+    }
 }
 
 fn reply_finish(reply: &Reply) -> ir::Finish {
@@ -129,7 +144,11 @@ pub fn reply_ir(reply: &Reply, sign: bool) -> ir::Response {
         content.push(ir::Part::Text(reply.tokens.concat()));
     }
     if let Some(c) = &reply.tool_call {
-        content.push(ir::Part::ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() });
+        content.push(ir::Part::ToolCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        });
     }
     ir::Response {
         id: format!("mock{:016x}", fingerprint(&reply.tokens.concat())),
@@ -150,18 +169,33 @@ pub fn reply_events(reply: &Reply, sign: bool) -> Vec<ir::Event> {
         created: now_secs(),
     }];
     if let Some(r) = &reply.reasoning {
-        out.extend(r.split_inclusive(' ').map(|p| Event::ReasoningDelta(p.to_owned())));
+        out.extend(
+            r.split_inclusive(' ')
+                .map(|p| Event::ReasoningDelta(p.to_owned())),
+        );
         if sign {
             out.push(Event::ReasoningSignature(mock_signature(r)));
         }
     }
     out.extend(reply.tokens.iter().map(|t| Event::TextDelta(t.clone())));
     if let Some(c) = &reply.tool_call {
-        out.push(Event::ToolStart { index: 0, id: c.id.clone(), name: c.name.clone() });
-        let mid = c.arguments.char_indices().map(|(i, _)| i).nth(c.arguments.chars().count() / 2).unwrap_or(0);
+        out.push(Event::ToolStart {
+            index: 0,
+            id: c.id.clone(),
+            name: c.name.clone(),
+        });
+        let mid = c
+            .arguments
+            .char_indices()
+            .map(|(i, _)| i)
+            .nth(c.arguments.chars().count() / 2)
+            .unwrap_or(0);
         for piece in [&c.arguments[..mid], &c.arguments[mid..]] {
             if !piece.is_empty() {
-                out.push(Event::ToolArgs { index: 0, fragment: piece.to_owned() });
+                out.push(Event::ToolArgs {
+                    index: 0,
+                    fragment: piece.to_owned(),
+                });
             }
         }
     }
@@ -269,7 +303,11 @@ pub fn decide(req: &Value) -> Reply {
         .unwrap_or_default();
     let prompt_tokens: u64 = messages
         .iter()
-        .map(|m| m.get("content").map_or(0, |c| text_of(c).split_whitespace().count()) as u64 + 3)
+        .map(|m| {
+            m.get("content")
+                .map_or(0, |c| text_of(c).split_whitespace().count()) as u64
+                + 3
+        })
         .sum();
     let last_user = messages
         .iter()
@@ -280,7 +318,11 @@ pub fn decide(req: &Value) -> Reply {
         .unwrap_or_default();
     let id = format!("call_mock{:016x}", fingerprint(&last_user));
 
-    let tools = req.get("tools").and_then(Value::as_array).cloned().unwrap_or_default();
+    let tools = req
+        .get("tools")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let choice = req.get("tool_choice");
     let lower = last_user.to_lowercase();
     let tool_name = |t: &Value| {
@@ -348,7 +390,10 @@ pub fn decide(req: &Value) -> Reply {
     let mut finish = Finish::Stop;
     let stops: Vec<String> = match req.get("stop").or_else(|| req.get("stop_sequences")) {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
         _ => Vec::new(),
     };
     if let Some(cut) = stops
@@ -461,8 +506,15 @@ pub fn chat_chunks(reply: &Reply, id: &str, created: u64, include_usage: bool) -
         Bytes::from(format!("data: {c}\n\n"))
     };
     let mut out = VecDeque::new();
-    let first_content = if reply.tool_call.is_some() { Value::Null } else { json!("") };
-    out.push_back(chunk(json!({"role": "assistant", "content": first_content}), None));
+    let first_content = if reply.tool_call.is_some() {
+        Value::Null
+    } else {
+        json!("")
+    };
+    out.push_back(chunk(
+        json!({"role": "assistant", "content": first_content}),
+        None,
+    ));
     if let Some(r) = &reply.reasoning {
         for piece in r.split_inclusive(' ') {
             out.push_back(chunk(json!({"reasoning_content": piece}), None));
@@ -478,7 +530,11 @@ pub fn chat_chunks(reply: &Reply, id: &str, created: u64, include_usage: bool) -
             None,
         ));
         let args = call.arguments.as_str();
-        let mid = args.char_indices().map(|(i, _)| i).nth(args.chars().count() / 2).unwrap_or(0);
+        let mid = args
+            .char_indices()
+            .map(|(i, _)| i)
+            .nth(args.chars().count() / 2)
+            .unwrap_or(0);
         for piece in [&args[..mid], &args[mid..]] {
             if !piece.is_empty() {
                 out.push_back(chunk(
@@ -575,10 +631,14 @@ pub async fn serve_standalone(
     loop {
         let (stream, _peer): (tokio::net::TcpStream, SocketAddr) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
-            Ok::<_, std::convert::Infallible>(standalone_request(req, chunk_delay).await)
-        });
-        #[expect(clippy::disallowed_methods, reason = "one task per mock connection; the mock has no shutdown to honour")]
+        let service =
+            hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| async move {
+                Ok::<_, std::convert::Infallible>(standalone_request(req, chunk_delay).await)
+            });
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "one task per mock connection; the mock has no shutdown to honour"
+        )]
         tokio::spawn(async move {
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
@@ -587,7 +647,10 @@ pub async fn serve_standalone(
     }
 }
 
-async fn standalone_request(req: Request<hyper::body::Incoming>, chunk_delay: Duration) -> Response<Body> {
+async fn standalone_request(
+    req: Request<hyper::body::Incoming>,
+    chunk_delay: Duration,
+) -> Response<Body> {
     let protocol = match req.uri().path() {
         "/v1/chat/completions" => Protocol::Chat,
         "/v1/messages" => Protocol::Messages,

@@ -7,7 +7,12 @@ use crate::json::{self, raw_literal, RawObject};
 use crate::validate::ChatChecked;
 
 /// The chat body to send upstream: the client's bytes when nothing needs editing.
-pub fn chat_body(original: &Bytes, mut obj: RawObject<'_>, model: &Model, checked: &ChatChecked) -> Bytes {
+pub fn chat_body(
+    original: &Bytes,
+    mut obj: RawObject<'_>,
+    model: &Model,
+    checked: &ChatChecked,
+) -> Bytes {
     if model.upstream_model.is_none() && checked.thinking.is_none() {
         return original.clone();
     }

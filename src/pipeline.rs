@@ -182,7 +182,8 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         head_us = started.elapsed().as_micros() as u64,
         "request"
     );
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), ctx.request_id);
+    resp.headers_mut()
+        .insert(X_REQUEST_ID.clone(), ctx.request_id);
     resp
 }
 
@@ -235,7 +236,9 @@ async fn llm(
     route::check_endpoint(&model, &client_model, protocol)?;
     // The mock speaks every protocol, so it is always the fast path.
     let upstream_protocol = model.upstream.kind.protocol().unwrap_or(protocol);
-    if !matches!(model.upstream.kind, UpstreamKind::Mock) && model.upstream.kind.protocol().is_none() {
+    if !matches!(model.upstream.kind, UpstreamKind::Mock)
+        && model.upstream.kind.protocol().is_none()
+    {
         return Err(GatewayError::invalid(
             "model",
             format!("the model {client_model:?} is a video model; use the video address"),
@@ -245,14 +248,25 @@ async fn llm(
         let (upstream_body, stream) = match protocol {
             Protocol::Chat => {
                 let checked = validate::chat(&obj, &model, &client_model)?;
-                (passthrough::chat_body(&bytes, obj, &model, &checked), checked.stream)
+                (
+                    passthrough::chat_body(&bytes, obj, &model, &checked),
+                    checked.stream,
+                )
             }
             Protocol::Messages | Protocol::Responses => {
                 let stream = validate::passthrough(&obj, protocol)?;
                 (passthrough::rename_model(&bytes, obj, &model), stream)
             }
         };
-        let resp = send(gw, &model, protocol, &parts.headers, &ctx.request_id, upstream_body).await?;
+        let resp = send(
+            gw,
+            &model,
+            protocol,
+            &parts.headers,
+            &ctx.request_id,
+            upstream_body,
+        )
+        .await?;
         let guard = match (stream, protocol) {
             (false, _) => StreamGuard::None,
             (true, Protocol::Chat) => StreamGuard::Chat,
@@ -268,7 +282,15 @@ async fn llm(
     drop(obj);
     let (upstream_body, translation) =
         translate::request(protocol, upstream_protocol, &bytes, &model, &client_model)?;
-    let resp = send(gw, &model, upstream_protocol, &parts.headers, &ctx.request_id, upstream_body).await?;
+    let resp = send(
+        gw,
+        &model,
+        upstream_protocol,
+        &parts.headers,
+        &ctx.request_id,
+        upstream_body,
+    )
+    .await?;
     translated_response(resp, gw.limits, &translation).await
 }
 
@@ -288,7 +310,11 @@ async fn send(
     let uri = upstream.uri_for(protocol).cloned().ok_or_else(|| {
         GatewayError::new(
             ErrorKind::Internal,
-            format!("upstream {:?} has no URL for {}", upstream.name, protocol.name()),
+            format!(
+                "upstream {:?} has no URL for {}",
+                upstream.name,
+                protocol.name()
+            ),
         )
     })?;
     let req = upstream::build_request(upstream, uri, client_headers, request_id, body)?;
@@ -335,24 +361,40 @@ async fn translated_response(
     headers.remove(header::CONTENT_ENCODING);
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338).
-    let body: Body = BodyExt::boxed(UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None));
+    let body: Body = BodyExt::boxed(UpstreamBody::new(
+        inner,
+        limits.idle_timeout,
+        StreamGuard::None,
+    ));
     if parts.status.is_success() && is_event_stream(&parts.headers) {
         let mut resp = Response::new(BodyExt::boxed(translate::TranslateBody::new(body, t)));
         *resp.headers_mut() = headers;
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
     let bytes = body
         .collect()
         .await
-        .map_err(|e| GatewayError::new(ErrorKind::UpstreamBadResponse, format!("reading the upstream reply: {e}")))?
+        .map_err(|e| {
+            GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                format!("reading the upstream reply: {e}"),
+            )
+        })?
         .to_bytes();
     let (status, value) = t.json_reply(parts.status, &bytes);
     let mut resp = Response::new(body::full(value.to_string()));
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -368,7 +410,11 @@ fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
 }
 
 /// Reads the whole request body, refusing with 413 as soon as it exceeds `max` bytes.
-pub(crate) async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, GatewayError> {
+pub(crate) async fn read_body(
+    body: Incoming,
+    headers: &HeaderMap,
+    max: u64,
+) -> Result<Bytes, GatewayError> {
     let too_large = || {
         GatewayError::new(
             ErrorKind::TooLarge,
@@ -409,7 +455,12 @@ fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Respons
             }
             // A key limited to an exact name that a pattern entry serves sees that name.
             if let NamePattern::Exact(n) = p {
-                if m.pattern.matches(n) && gw.models.resolve(n, address).is_ok_and(|r| Arc::ptr_eq(r, m)) {
+                if m.pattern.matches(n)
+                    && gw
+                        .models
+                        .resolve(n, address)
+                        .is_ok_and(|r| Arc::ptr_eq(r, m))
+                {
                     ids.push(n);
                 }
             }

@@ -76,7 +76,9 @@ impl ModelTable {
             }
             table.all.push(m.clone());
         }
-        table.prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        table
+            .prefixes
+            .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         table
     }
 
@@ -114,7 +116,11 @@ impl ModelTable {
 }
 
 /// A 400 when `model` is not served on `protocol`'s path, naming the path that serves it.
-pub fn check_endpoint(model: &Model, client_name: &str, protocol: Protocol) -> Result<(), GatewayError> {
+pub fn check_endpoint(
+    model: &Model,
+    client_name: &str,
+    protocol: Protocol,
+) -> Result<(), GatewayError> {
     if model.endpoints.contains(protocol) {
         return Ok(());
     }

@@ -66,17 +66,27 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     ] {
         if let Some(addr) = config.listen.get(a) {
             let l = TcpListener::bind(addr).await.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({}): {e}", a.name()))
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} ({}): {e}", a.name()),
+                )
             })?;
             addrs.insert(a, l.local_addr()?);
             // Admin stays plain HTTP: it is for probes and scrapers inside the network.
-            let tls = if a == Address::Admin { None } else { tls.clone() };
+            let tls = if a == Address::Admin {
+                None
+            } else {
+                tls.clone()
+            };
             listeners.push((a, l, tls));
         }
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let gw = gateway.clone();
-    #[expect(clippy::disallowed_methods, reason = "the accept loop; it ends when shutdown is signalled")]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the accept loop; it ends when shutdown is signalled"
+    )]
     let stopped = tokio::spawn(accept_loop(gw, listeners, shutdown_rx));
     Ok(RunningGateway {
         addrs,
@@ -122,7 +132,10 @@ async fn accept_loop(
             shutdown: shutdown.clone(),
             _alive: alive_tx.clone(),
         };
-        #[expect(clippy::disallowed_methods, reason = "one task per connection, tracked by `alive` for graceful shutdown")]
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "one task per connection, tracked by `alive` for graceful shutdown"
+        )]
         tokio::spawn(conn.run(stream, tls, peer));
     }
     drop(listeners);
@@ -139,7 +152,11 @@ async fn stopping(rx: &mut watch::Receiver<bool>) {
 
 async fn accept_any(
     listeners: &[(Address, TcpListener, Option<TlsAcceptor>)],
-) -> (Address, &Option<TlsAcceptor>, std::io::Result<(TcpStream, SocketAddr)>) {
+) -> (
+    Address,
+    &Option<TlsAcceptor>,
+    std::io::Result<(TcpStream, SocketAddr)>,
+) {
     poll_fn(|cx| {
         for (a, l, tls) in listeners {
             if let Poll::Ready(r) = l.poll_accept(cx) {
@@ -181,9 +198,7 @@ impl Connection {
         let address = self.address;
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw.clone();
-            async move {
-                Ok::<_, std::convert::Infallible>(pipeline::handle(&gw, address, req).await)
-            }
+            async move { Ok::<_, std::convert::Infallible>(pipeline::handle(&gw, address, req).await) }
         });
         let conn = self.builder.serve_connection(io, service);
         tokio::pin!(conn);

@@ -113,7 +113,11 @@ pub fn write_event(out: &mut Vec<u8>, name: Option<&str>, data: &[u8]) {
 }
 
 /// Writes a serialisable value as one event's data.
-pub fn write_json_event<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, name: Option<&str>, value: &T) {
+pub fn write_json_event<T: serde::Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    name: Option<&str>,
+    value: &T,
+) {
     if let Some(name) = name {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(name.as_bytes());

@@ -38,7 +38,11 @@ pub struct Translation {
 }
 
 /// Parses a client body of protocol `client` into the IR, refusing what `target` cannot express.
-pub fn decode_request(client: Protocol, v: &Value, target: Protocol) -> Result<ir::Request, GatewayError> {
+pub fn decode_request(
+    client: Protocol,
+    v: &Value,
+    target: Protocol,
+) -> Result<ir::Request, GatewayError> {
     match client {
         Protocol::Chat => chat::request_to_ir(v, target),
         Protocol::Messages => messages::request_to_ir(v, target),
@@ -47,7 +51,12 @@ pub fn decode_request(client: Protocol, v: &Value, target: Protocol) -> Result<i
 }
 
 /// Writes the IR as a request of protocol `upstream`.
-pub fn encode_request(upstream: Protocol, r: &ir::Request, upstream_model: &str, model: &Model) -> Result<Value, GatewayError> {
+pub fn encode_request(
+    upstream: Protocol,
+    r: &ir::Request,
+    upstream_model: &str,
+    model: &Model,
+) -> Result<Value, GatewayError> {
     match upstream {
         Protocol::Chat => chat::ir_to_request(r, upstream_model, model),
         Protocol::Messages => messages::ir_to_request(r, upstream_model, model),
@@ -56,14 +65,27 @@ pub fn encode_request(upstream: Protocol, r: &ir::Request, upstream_model: &str,
 }
 
 /// Translates a client request body for an upstream of another protocol.
-pub fn request(client: Protocol, upstream: Protocol, body: &[u8], model: &Model, client_model: &str) -> Result<(Bytes, Translation), GatewayError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::new(ErrorKind::InvalidRequest, format!("the request body is not valid JSON: {e}")))?;
+pub fn request(
+    client: Protocol,
+    upstream: Protocol,
+    body: &[u8],
+    model: &Model,
+    client_model: &str,
+) -> Result<(Bytes, Translation), GatewayError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })?;
     let r = decode_request(client, &v, upstream)?;
     let upstream_model = model.upstream_model.as_deref().unwrap_or(client_model);
     let out = encode_request(upstream, &r, upstream_model, model)?;
     let json_mode = upstream == Protocol::Messages
-        && matches!(r.response_format, Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. }));
+        && matches!(
+            r.response_format,
+            Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. })
+        );
     let t = Translation {
         client,
         upstream,
@@ -71,9 +93,18 @@ pub fn request(client: Protocol, upstream: Protocol, body: &[u8], model: &Model,
         stream: r.stream,
         include_usage: r.include_usage,
         json_mode,
-        echo: if client == Protocol::Responses { responses::Echo::from_request(&v) } else { responses::Echo::default() },
+        echo: if client == Protocol::Responses {
+            responses::Echo::from_request(&v)
+        } else {
+            responses::Echo::default()
+        },
     };
-    let bytes = serde_json::to_vec(&out).map_err(|e| GatewayError::new(ErrorKind::Internal, format!("encoding the upstream request: {e}")))?;
+    let bytes = serde_json::to_vec(&out).map_err(|e| {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("encoding the upstream request: {e}"),
+        )
+    })?;
     Ok((Bytes::from(bytes), t))
 }
 
@@ -94,7 +125,8 @@ impl Translation {
             upstream: protocol,
             client_model: model.to_owned(),
             stream: false,
-            include_usage: request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)),
+            include_usage: request.pointer("/stream_options/include_usage")
+                == Some(&Value::Bool(true)),
             json_mode: false,
             echo: responses::Echo::from_request(request),
         }
@@ -112,27 +144,54 @@ impl Translation {
             let info = match (&parsed, self.upstream) {
                 (Some(v), Protocol::Messages) => messages::error_from_body(status.as_u16(), v),
                 (Some(v), _) => chat::error_from_body(status.as_u16(), v),
-                (None, _) => ir::ErrorInfo { status: status.as_u16(), message: String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(), code: None },
+                (None, _) => ir::ErrorInfo {
+                    status: status.as_u16(),
+                    message: String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(),
+                    code: None,
+                },
             };
             // Anthropic's "overloaded" has no OpenAI status; OpenAI says 503 for the same thing.
-            let status = if status.as_u16() == 529 && self.client != Protocol::Messages { StatusCode::SERVICE_UNAVAILABLE } else { status };
+            let status = if status.as_u16() == 529 && self.client != Protocol::Messages {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                status
+            };
             return (status, error_body(self.client, &info));
         }
         let Some(v) = parsed else {
-            let info = ir::ErrorInfo { status: 502, message: "the upstream answered with a body that is not JSON".into(), code: None };
+            let info = ir::ErrorInfo {
+                status: 502,
+                message: "the upstream answered with a body that is not JSON".into(),
+                code: None,
+            };
             return (StatusCode::BAD_GATEWAY, error_body(self.client, &info));
         };
         let decoded = match self.upstream {
-            Protocol::Chat => chat::response_to_ir(&v).map_err(|e| ir::ErrorInfo { status: 502, message: e.message, code: None }),
-            Protocol::Messages => messages::response_to_ir(&v, self.json_mode).map_err(|e| ir::ErrorInfo { status: 502, message: e.message, code: None }),
+            Protocol::Chat => chat::response_to_ir(&v).map_err(|e| ir::ErrorInfo {
+                status: 502,
+                message: e.message,
+                code: None,
+            }),
+            Protocol::Messages => {
+                messages::response_to_ir(&v, self.json_mode).map_err(|e| ir::ErrorInfo {
+                    status: 502,
+                    message: e.message,
+                    code: None,
+                })
+            }
             Protocol::Responses => responses::response_to_ir(&v),
         };
         match decoded {
-            Ok(r) => (StatusCode::OK, match self.client {
-                Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
-                Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
-                Protocol::Responses => responses::ir_to_response(&r, &self.client_model, &self.echo),
-            }),
+            Ok(r) => (
+                StatusCode::OK,
+                match self.client {
+                    Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
+                    Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
+                    Protocol::Responses => {
+                        responses::ir_to_response(&r, &self.client_model, &self.echo)
+                    }
+                },
+            ),
             Err(info) => (StatusCode::BAD_GATEWAY, error_body(self.client, &info)),
         }
     }
@@ -140,16 +199,25 @@ impl Translation {
     pub fn stream_decoder(&self) -> StreamDecoder {
         match self.upstream {
             Protocol::Chat => StreamDecoder::Chat(chat::StreamDecoder::default()),
-            Protocol::Messages => StreamDecoder::Messages(messages::StreamDecoder::new(self.json_mode)),
+            Protocol::Messages => {
+                StreamDecoder::Messages(messages::StreamDecoder::new(self.json_mode))
+            }
             Protocol::Responses => StreamDecoder::Responses(responses::StreamDecoder::default()),
         }
     }
 
     pub fn stream_encoder(&self) -> StreamEncoder {
         match self.client {
-            Protocol::Chat => StreamEncoder::Chat(chat::StreamEncoder::new(&self.client_model, self.include_usage)),
-            Protocol::Messages => StreamEncoder::Messages(messages::StreamEncoder::new(&self.client_model)),
-            Protocol::Responses => StreamEncoder::Responses(responses::StreamEncoder::new(&self.client_model, self.echo.clone())),
+            Protocol::Chat => StreamEncoder::Chat(chat::StreamEncoder::new(
+                &self.client_model,
+                self.include_usage,
+            )),
+            Protocol::Messages => {
+                StreamEncoder::Messages(messages::StreamEncoder::new(&self.client_model))
+            }
+            Protocol::Responses => StreamEncoder::Responses(Box::new(
+                responses::StreamEncoder::new(&self.client_model, self.echo.clone()),
+            )),
         }
     }
 }
@@ -177,7 +245,8 @@ impl StreamDecoder {
 pub enum StreamEncoder {
     Chat(chat::StreamEncoder),
     Messages(messages::StreamEncoder),
-    Responses(responses::StreamEncoder),
+    /// Boxed: it keeps the items it has written for the terminal event, so it is the largest.
+    Responses(Box<responses::StreamEncoder>),
 }
 
 impl StreamEncoder {
@@ -204,7 +273,14 @@ pub struct StreamTranslator {
 
 impl StreamTranslator {
     pub fn new(t: &Translation) -> Self {
-        Self { sse: SseDecoder::new(), decoder: t.stream_decoder(), encoder: t.stream_encoder(), events: Vec::new(), ir: Vec::new(), ended: false }
+        Self {
+            sse: SseDecoder::new(),
+            decoder: t.stream_decoder(),
+            encoder: t.stream_encoder(),
+            events: Vec::new(),
+            ir: Vec::new(),
+            ended: false,
+        }
     }
 
     /// Feeds upstream bytes; returns the client bytes they produce (possibly none).
@@ -218,7 +294,14 @@ impl StreamTranslator {
         self.sse.finish(&mut self.events);
         self.drain(out);
         if !self.ended {
-            self.fail(ir::ErrorInfo { status: 502, message: "the upstream stream ended before it was complete".into(), code: None }, out);
+            self.fail(
+                ir::ErrorInfo {
+                    status: 502,
+                    message: "the upstream stream ended before it was complete".into(),
+                    code: None,
+                },
+                out,
+            );
         }
     }
 
@@ -287,7 +370,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
             if *this.done {
@@ -306,7 +392,14 @@ where
                         Some(g) => g.status().as_u16(),
                         None => 502,
                     };
-                    this.state.fail(ir::ErrorInfo { status, message: format!("the upstream stream broke: {e}"), code: None }, &mut out);
+                    this.state.fail(
+                        ir::ErrorInfo {
+                            status,
+                            message: format!("the upstream stream broke: {e}"),
+                            code: None,
+                        },
+                        &mut out,
+                    );
                     *this.done = true;
                 }
                 Poll::Ready(None) => {
@@ -315,8 +408,12 @@ where
                 }
                 Poll::Pending => {
                     if *this.pings && this.ping.as_mut().poll(cx).is_ready() {
-                        this.ping.as_mut().reset(tokio::time::Instant::now() + PING_INTERVAL);
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(messages::PING)))));
+                        this.ping
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + PING_INTERVAL);
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                            messages::PING,
+                        )))));
                     }
                     return Poll::Pending;
                 }
@@ -325,7 +422,9 @@ where
                 *this.done = true;
             }
             if !out.is_empty() {
-                this.ping.as_mut().reset(tokio::time::Instant::now() + PING_INTERVAL);
+                this.ping
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + PING_INTERVAL);
                 return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
             }
         }

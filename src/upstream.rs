@@ -99,10 +99,16 @@ fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> Gatew
     } else {
         GatewayError::new(
             ErrorKind::UpstreamUnreachable,
-            format!("upstream {:?} failed before answering: {cause}", upstream.name),
+            format!(
+                "upstream {:?} failed before answering: {cause}",
+                upstream.name
+            ),
         )
     }
 }
+
+/// The Messages API version sent when neither the client nor the config names one.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1), plus the ones the
 /// gateway sets itself.
@@ -146,10 +152,7 @@ pub fn forwardable(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(from.len());
     for (name, value) in from {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || extra_drop.contains(&n)
-            || listed.iter().any(|l| l == n)
-        {
+        if HOP_BY_HOP.contains(&n) || extra_drop.contains(&n) || listed.iter().any(|l| l == n) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -180,13 +183,28 @@ pub fn build_request(
         headers.insert(name, cred.header_value().clone());
     }
     for (name, value) in &upstream.headers {
+        // A client's own Anthropic version and betas win; the config's are defaults.
+        if name.as_str().starts_with("anthropic-") && headers.contains_key(name) {
+            continue;
+        }
         headers.insert(name.clone(), value.clone());
+    }
+    if upstream.kind == UpstreamKind::Messages && !headers.contains_key("anthropic-version") {
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(ANTHROPIC_VERSION),
+        );
     }
     let mut req = Request::builder()
         .method(Method::POST)
         .uri(uri)
         .body(Full::new(body))
-        .map_err(|e| GatewayError::new(ErrorKind::Internal, format!("building upstream request: {e}")))?;
+        .map_err(|e| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                format!("building upstream request: {e}"),
+            )
+        })?;
     *req.headers_mut() = headers;
     Ok(req)
 }

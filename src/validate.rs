@@ -21,10 +21,7 @@ const ROLES: &str = "system, developer, user, assistant, tool";
 fn wrong_type(param: &str, expected: Expected, raw: &RawValue) -> GatewayError {
     GatewayError::invalid(
         param,
-        format!(
-            "`{param}` must be {expected}; got {}",
-            json::type_name(raw)
-        ),
+        format!("`{param}` must be {expected}; got {}", json::type_name(raw)),
     )
 }
 
@@ -88,7 +85,11 @@ pub fn model_name<'o>(obj: &'o RawObject) -> Result<std::borrow::Cow<'o, str>, G
 }
 
 /// Checks a chat-completions body for `model` (the routed entry).
-pub fn chat(obj: &RawObject, model: &Model, client_model: &str) -> Result<ChatChecked, GatewayError> {
+pub fn chat(
+    obj: &RawObject,
+    model: &Model,
+    client_model: &str,
+) -> Result<ChatChecked, GatewayError> {
     messages(obj, model, client_model)?;
 
     let stream = bool_field(obj, "stream")?.unwrap_or(false);
@@ -238,7 +239,12 @@ fn tools(obj: &RawObject) -> Result<(), GatewayError> {
         let kind_path = format!("{path}.type");
         let kind = tool
             .get_present("type")
-            .ok_or_else(|| GatewayError::invalid(&kind_path, format!("`{kind_path}` is required; only \"function\" is supported")))
+            .ok_or_else(|| {
+                GatewayError::invalid(
+                    &kind_path,
+                    format!("`{kind_path}` is required; only \"function\" is supported"),
+                )
+            })
             .and_then(|r| typed(&kind_path, r, json::as_str))?;
         if kind != "function" {
             return Err(GatewayError::invalid(
@@ -259,7 +265,9 @@ fn tools(obj: &RawObject) -> Result<(), GatewayError> {
         if !valid_name(&name) {
             return Err(GatewayError::invalid(
                 &npath,
-                format!("`{npath}` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -; got {name:?}"),
+                format!(
+                    "`{npath}` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -; got {name:?}"
+                ),
             ));
         }
         if let Some(p) = function.get_present("parameters") {
@@ -299,7 +307,10 @@ fn tool_choice(obj: &RawObject) -> Result<(), GatewayError> {
         let name = choice
             .get_present("function")
             .and_then(|f| json::as_object(f).ok())
-            .and_then(|f| f.get_present("name").and_then(|n| json::as_str(n).ok().map(|n| n.into_owned())));
+            .and_then(|f| {
+                f.get_present("name")
+                    .and_then(|n| json::as_str(n).ok().map(|n| n.into_owned()))
+            });
         if name.is_none() {
             return Err(GatewayError::invalid(
                 "tool_choice.function.name",
@@ -327,7 +338,9 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
         let rpath = format!("{path}.role");
         let role = msg
             .get_present("role")
-            .ok_or_else(|| GatewayError::invalid(&rpath, format!("`{rpath}` is required; allowed: {ROLES}")))
+            .ok_or_else(|| {
+                GatewayError::invalid(&rpath, format!("`{rpath}` is required; allowed: {ROLES}"))
+            })
             .and_then(|r| typed(&rpath, r, json::as_str))?;
         let allowed_parts: &[&str] = match role.as_ref() {
             "system" | "developer" | "tool" => &["text"],
@@ -357,11 +370,20 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
                     let parts = json::as_array(content).map_err(|_| {
                         GatewayError::invalid(
                             &cpath,
-                            format!("`{cpath}` must be a string or an array of parts; got {}", json::type_name(content)),
+                            format!(
+                                "`{cpath}` must be a string or an array of parts; got {}",
+                                json::type_name(content)
+                            ),
                         )
                     })?;
                     for (j, part) in parts.iter().enumerate() {
-                        content_part(&format!("{cpath}[{j}]"), part, allowed_parts, model, client_model)?;
+                        content_part(
+                            &format!("{cpath}[{j}]"),
+                            part,
+                            allowed_parts,
+                            model,
+                            client_model,
+                        )?;
                     }
                 }
             }
@@ -369,13 +391,21 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
         if role == "tool" {
             let tpath = format!("{path}.tool_call_id");
             msg.get_present("tool_call_id")
-                .ok_or_else(|| GatewayError::invalid(&tpath, format!("`{tpath}` is required on a tool message")))
+                .ok_or_else(|| {
+                    GatewayError::invalid(
+                        &tpath,
+                        format!("`{tpath}` is required on a tool message"),
+                    )
+                })
                 .and_then(|r| typed(&tpath, r, json::as_str))?;
         }
         if let Some(calls) = msg.get_present("tool_calls") {
             let tpath = format!("{path}.tool_calls");
             if role != "assistant" {
-                return Err(GatewayError::invalid(&tpath, format!("`{tpath}` is allowed only on assistant messages")));
+                return Err(GatewayError::invalid(
+                    &tpath,
+                    format!("`{tpath}` is allowed only on assistant messages"),
+                ));
             }
             let calls = typed(&tpath, calls, json::as_array)?;
             for (j, call) in calls.iter().enumerate() {
@@ -410,12 +440,23 @@ fn content_part(
     let tpath = format!("{path}.type");
     let kind = part
         .get_present("type")
-        .ok_or_else(|| GatewayError::invalid(&tpath, format!("`{tpath}` is required; allowed here: {}", allowed.join(", "))))
+        .ok_or_else(|| {
+            GatewayError::invalid(
+                &tpath,
+                format!(
+                    "`{tpath}` is required; allowed here: {}",
+                    allowed.join(", ")
+                ),
+            )
+        })
         .and_then(|r| typed(&tpath, r, json::as_str))?;
     if !allowed.contains(&kind.as_ref()) {
         return Err(GatewayError::invalid(
             &tpath,
-            format!("`{tpath}` must be one of {} for this role; got {kind:?}", allowed.join(", ")),
+            format!(
+                "`{tpath}` must be one of {} for this role; got {kind:?}",
+                allowed.join(", ")
+            ),
         ));
     }
     match kind.as_ref() {
@@ -442,7 +483,10 @@ fn content_part(
                 .get_present("url")
                 .ok_or_else(|| GatewayError::invalid(&upath, format!("`{upath}` is required")))
                 .and_then(|r| typed(&upath, r, json::as_str))?;
-            if !(url.starts_with("http://") || url.starts_with("https://") || url.starts_with("data:image/")) {
+            if !(url.starts_with("http://")
+                || url.starts_with("https://")
+                || url.starts_with("data:image/"))
+            {
                 return Err(GatewayError::invalid(
                     &upath,
                     format!("`{upath}` must be an http(s) URL or a data:image/...;base64 URL"),
@@ -465,7 +509,11 @@ fn content_part(
 }
 
 /// The three thinking switches, which must agree, and must only reach a model that thinks.
-fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option<bool>, GatewayError> {
+fn thinking(
+    obj: &RawObject,
+    model: &Model,
+    client_model: &str,
+) -> Result<Option<bool>, GatewayError> {
     let mut votes: Vec<(&'static str, bool)> = Vec::new();
     if let Some(raw) = obj.get_present("chat_template_kwargs") {
         let kwargs = typed("chat_template_kwargs", raw, json::as_object)?;
@@ -480,7 +528,12 @@ fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option
         let t = typed("thinking", raw, json::as_object)?;
         let kind = t
             .get_present("type")
-            .ok_or_else(|| GatewayError::invalid("thinking.type", "`thinking.type` is required: enabled or disabled"))
+            .ok_or_else(|| {
+                GatewayError::invalid(
+                    "thinking.type",
+                    "`thinking.type` is required: enabled or disabled",
+                )
+            })
             .and_then(|r| typed("thinking.type", r, json::as_str))?;
         let on = match kind.as_ref() {
             "enabled" => true,
@@ -495,7 +548,10 @@ fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option
         votes.push(("thinking.type", on));
     }
     if let Some(raw) = obj.get_present("enable_thinking") {
-        votes.push(("enable_thinking", typed("enable_thinking", raw, json::as_bool)?));
+        votes.push((
+            "enable_thinking",
+            typed("enable_thinking", raw, json::as_bool)?,
+        ));
     }
     let Some(&(first, on)) = votes.first() else {
         return Ok(None);
@@ -509,7 +565,9 @@ fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option
     if let Some(&(other, _)) = votes.iter().find(|(_, v)| *v != on) {
         return Err(GatewayError::invalid(
             other,
-            format!("`{first}` and `{other}` disagree; send one thinking switch, or make them agree"),
+            format!(
+                "`{first}` and `{other}` disagree; send one thinking switch, or make them agree"
+            ),
         ));
     }
     Ok(Some(on))
@@ -517,12 +575,18 @@ fn thinking(obj: &RawObject, model: &Model, client_model: &str) -> Result<Option
 
 /// The little a passed-through messages or responses body must satisfy before it goes upstream;
 /// the upstream checks the rest in its own protocol. Returns whether a stream was asked for.
-pub fn passthrough(obj: &RawObject, protocol: crate::config::Protocol) -> Result<bool, GatewayError> {
+pub fn passthrough(
+    obj: &RawObject,
+    protocol: crate::config::Protocol,
+) -> Result<bool, GatewayError> {
     use crate::config::Protocol;
     match protocol {
         Protocol::Messages => {
             if obj.get_present("max_tokens").is_none() {
-                return Err(GatewayError::invalid("max_tokens", "`max_tokens` is required"));
+                return Err(GatewayError::invalid(
+                    "max_tokens",
+                    "`max_tokens` is required",
+                ));
             }
             int_in(obj, "max_tokens", 1, i64::MAX)?;
             let raw = obj
@@ -531,7 +595,9 @@ pub fn passthrough(obj: &RawObject, protocol: crate::config::Protocol) -> Result
             typed("messages", raw, json::as_array)?;
         }
         Protocol::Responses => {
-            if obj.get_present("input").is_none() && obj.get_present("previous_response_id").is_none() {
+            if obj.get_present("input").is_none()
+                && obj.get_present("previous_response_id").is_none()
+            {
                 return Err(GatewayError::invalid("input", "`input` is required"));
             }
         }

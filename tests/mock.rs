@@ -1,4 +1,11 @@
 //! The built-in mock upstream: deterministic replies honouring max_tokens, stop and tools, in-process and over real HTTP.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
 
 mod common;
 
@@ -37,7 +44,10 @@ async fn reply_is_derived_from_the_last_user_message_with_usage() {
         assert_eq!(status, 200, "{model}: {v}");
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["model"], model);
-        assert_eq!(v["choices"][0]["message"]["content"], "You said: tell me a story");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "You said: tell me a story"
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         let u = &v["usage"];
         assert_eq!(u["completion_tokens"], 6);
@@ -58,13 +68,19 @@ async fn max_tokens_cuts_with_length_and_stop_cuts_with_stop() {
         let body = json!({"model": model, "max_tokens": 2,
             "messages": [{"role": "user", "content": "one two three four"}]});
         let (_, _, v) = post_json(&gw.base("/v1/chat/completions"), body).await;
-        assert_eq!(v["choices"][0]["message"]["content"], "You said: ", "{model}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"], "You said: ",
+            "{model}"
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "length");
 
         let body = json!({"model": model, "stop": ["three"],
             "messages": [{"role": "user", "content": "one two three four"}]});
         let (_, _, v) = post_json(&gw.base("/v1/chat/completions"), body).await;
-        assert_eq!(v["choices"][0]["message"]["content"], "You said: one two ", "{model}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"], "You said: one two ",
+            "{model}"
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }
 }
@@ -137,7 +153,10 @@ async fn stream_comes_in_small_chunks_with_usage_and_done() {
         let usage_chunk = chunks.last().unwrap();
         assert_eq!(usage_chunk["choices"], json!([]));
         assert_eq!(usage_chunk["usage"]["completion_tokens"], 6);
-        assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+            "stop"
+        );
     }
 }
 
@@ -150,7 +169,10 @@ async fn thinking_switch_makes_the_mock_reason() {
         let (status, _, v) = post_json(&gw.base("/v1/chat/completions"), body).await;
         assert_eq!(status, 200, "{model}: {v}");
         let msg = &v["choices"][0]["message"];
-        assert_eq!(msg["reasoning_content"], "The user wrote 2 words. I will answer by echoing them.");
+        assert_eq!(
+            msg["reasoning_content"],
+            "The user wrote 2 words. I will answer by echoing them."
+        );
         assert_eq!(msg["content"], "You said: hi there");
     }
     for model in MODELS {

@@ -1,4 +1,11 @@
 //! Chat passthrough end to end: bodies and streams forwarded untouched, credentials swapped, frames not buffered.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
 
 mod common;
 
@@ -33,12 +40,18 @@ async fn json_passthrough_keeps_unknown_fields_and_swaps_credentials() {
     let rid = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
     assert!(rid.starts_with("req_"), "generated request id: {rid}");
     let got: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(got, reply, "the reply passes through untouched, refs included");
+    assert_eq!(
+        got, reply,
+        "the reply passes through untouched, refs included"
+    );
 
     let seen = up.last();
     assert_eq!(seen.uri, "/v1/chat/completions");
     assert_eq!(seen.headers["authorization"], "Bearer up-secret");
-    assert!(seen.headers.get("x-api-key").is_none(), "client x-api-key never forwarded");
+    assert!(
+        seen.headers.get("x-api-key").is_none(),
+        "client x-api-key never forwarded"
+    );
     assert_eq!(seen.headers["x-custom"], "kept");
     assert_eq!(seen.headers["x-request-id"].to_str().unwrap(), rid);
     let sent = seen.json();
@@ -125,7 +138,11 @@ async fn stream_frames_arrive_before_the_next_is_sent() {
         received.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
         arrival.push((started.elapsed(), received.clone()));
     }
-    assert_eq!(received, format!("{c0}{c1}{c2}data: [DONE]\n\n"), "stream forwarded untouched");
+    assert_eq!(
+        received,
+        format!("{c0}{c1}{c2}data: [DONE]\n\n"),
+        "stream forwarded untouched"
+    );
     // Each chunk must be in the client's hands before the upstream sends the next one:
     // the first chunk by the time the second is due (one pause), and so on.
     for (i, expected) in [&c0, &c1, &c2].iter().enumerate() {
@@ -160,5 +177,8 @@ async fn http2_client_gets_the_same_answer() {
         .unwrap();
     assert_eq!(resp.version(), reqwest::Version::HTTP_2);
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"h2": "ok"}));
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"h2": "ok"})
+    );
 }

@@ -1,4 +1,11 @@
 //! Listeners: TLS with ALPN (HTTP/2 and HTTP/1.1), graceful shutdown, and the CLI's check and hash-key.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
 
 mod common;
 
@@ -36,7 +43,10 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
     let addr = gw.running.addr(Address::Base).unwrap();
     let root = reqwest::Certificate::from_pem(ck.cert.pem().as_bytes()).unwrap();
 
-    for (http1_only, want) in [(false, reqwest::Version::HTTP_2), (true, reqwest::Version::HTTP_11)] {
+    for (http1_only, want) in [
+        (false, reqwest::Version::HTTP_2),
+        (true, reqwest::Version::HTTP_11),
+    ] {
         let mut b = reqwest::Client::builder()
             .no_proxy()
             .use_rustls_tls()
@@ -48,7 +58,10 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
         }
         let c = b.build().unwrap();
         let resp = c
-            .post(format!("https://localhost:{}/v1/chat/completions", addr.port()))
+            .post(format!(
+                "https://localhost:{}/v1/chat/completions",
+                addr.port()
+            ))
             .bearer_auth(KEY)
             .json(&chat_body("m"))
             .send()
@@ -56,10 +69,16 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
             .unwrap();
         assert_eq!(resp.version(), want);
         assert_eq!(resp.status(), 200);
-        assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"tls": true}));
+        assert_eq!(
+            resp.json::<serde_json::Value>().await.unwrap(),
+            json!({"tls": true})
+        );
     }
     // Plain HTTP on a TLS listener gets no answer.
-    let plain = client().get(format!("http://{addr}/v1/models")).send().await;
+    let plain = client()
+        .get(format!("http://{addr}/v1/models"))
+        .send()
+        .await;
     assert!(plain.is_err() || plain.unwrap().status() != 200);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -80,18 +99,38 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
     let admin = gw.url(Address::Admin, "/readyz");
     let mut body = chat_body("m");
     body["stream"] = json!(true);
-    let resp = client().post(&url).bearer_auth(KEY).json(&body).send().await.unwrap();
+    let resp = client()
+        .post(&url)
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
 
     let shutdown = tokio::spawn(gw.running.shutdown(Duration::from_secs(5)));
     tokio::time::sleep(Duration::from_millis(100)).await;
     // New connections are refused once shutdown has begun.
-    let fresh = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0).build().unwrap();
-    assert!(fresh.post(&url).bearer_auth(KEY).json(&chat_body("m")).send().await.is_err());
+    let fresh = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    assert!(fresh
+        .post(&url)
+        .bearer_auth(KEY)
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .is_err());
     assert!(fresh.get(&admin).send().await.is_err());
 
     let text = resp.text().await.unwrap();
-    assert_eq!(text, format!("{chunk}{chunk}data: [DONE]\n\n"), "the in-flight stream completes");
+    assert_eq!(
+        text,
+        format!("{chunk}{chunk}data: [DONE]\n\n"),
+        "the in-flight stream completes"
+    );
     tokio::time::timeout(Duration::from_secs(3), shutdown)
         .await
         .expect("shutdown returns once in-flight work is done")
@@ -101,10 +140,21 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
 #[tokio::test]
 async fn readyz_and_metrics_on_admin() {
     let gw = TestGateway::start(&chat_config("http://127.0.0.1:9")).await;
-    let resp = client().get(gw.url(Address::Admin, "/readyz")).send().await.unwrap();
+    let resp = client()
+        .get(gw.url(Address::Admin, "/readyz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let _ = post_json(&gw.base("/v1/chat/completions"), chat_body("nope")).await;
-    let text = client().get(gw.url(Address::Admin, "/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = client()
+        .get(gw.url(Address::Admin, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         text.contains("modelgate_requests_total{address=\"base\",status=\"4xx\"} 1"),
         "{text}"
@@ -166,7 +216,12 @@ upstream = "opneai"
 "#,
     )
     .unwrap();
-    let out = bin().arg("check").arg("--config").arg(&path).output().unwrap();
+    let out = bin()
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     for needle in [
@@ -188,7 +243,10 @@ fn check_accepts_the_shipped_config_and_every_example() {
     for entry in std::fs::read_dir(std::path::Path::new(root).join("config/examples")).unwrap() {
         files.push(entry.unwrap().path());
     }
-    assert!(files.len() >= 6, "the shipped config and at least five examples");
+    assert!(
+        files.len() >= 6,
+        "the shipped config and at least five examples"
+    );
     for f in files {
         let out = bin()
             .arg("check")

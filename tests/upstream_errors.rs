@@ -1,4 +1,11 @@
 //! Failure paths: upstream unreachable, silent, erroring, breaking mid-stream; client going away; oversized and malformed input.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
 
 mod common;
 
@@ -17,7 +24,11 @@ fn stream_body(model: &str) -> serde_json::Value {
 #[tokio::test]
 async fn connection_refused_is_502() {
     // Bind then drop a listener: nothing listens on that port afterwards.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let gw = TestGateway::start(&chat_config(&format!("http://127.0.0.1:{port}"))).await;
     let (status, _, body) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
     assert_openai_error(status, &body, 502, None);
@@ -87,7 +98,9 @@ fn assert_ends_with_error_and_done(text: &str) {
         .filter(|e| !e.is_empty())
         .collect();
     assert_eq!(events.last(), Some(&"data: [DONE]"), "stream: {text}");
-    let err = events[events.len() - 2].strip_prefix("data: ").expect("a data event");
+    let err = events[events.len() - 2]
+        .strip_prefix("data: ")
+        .expect("a data event");
     let v: serde_json::Value = serde_json::from_str(err).expect("the error chunk is JSON");
     assert!(v["error"]["message"].is_string(), "error chunk: {v}");
 }
@@ -98,15 +111,27 @@ async fn stream_broken_midway_ends_with_error_chunk_and_done() {
         status: 200,
         content_type: "text/event-stream",
         // The pause lets the head and first frame reach the client before the break.
-        chunks: vec![(Duration::ZERO, FIRST.into()), (Duration::from_millis(100), FIRST.into())],
+        chunks: vec![
+            (Duration::ZERO, FIRST.into()),
+            (Duration::from_millis(100), FIRST.into()),
+        ],
         abort: true,
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).json(&stream_body("m")).send().await.unwrap();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let text = read_all(resp).await;
-    assert!(text.starts_with(FIRST), "the frames before the break arrive: {text}");
+    assert!(
+        text.starts_with(FIRST),
+        "the frames before the break arrive: {text}"
+    );
     assert_ends_with_error_and_done(&text);
 }
 
@@ -114,7 +139,13 @@ async fn stream_broken_midway_ends_with_error_chunk_and_done() {
 async fn stream_ending_without_done_is_not_a_clean_end() {
     let up = FakeUpstream::start(|_| Reply::sse(vec![(Duration::ZERO, FIRST)])).await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).json(&stream_body("m")).send().await.unwrap();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap();
     let text = read_all(resp).await;
     assert!(text.starts_with(FIRST));
     assert_ends_with_error_and_done(&text);
@@ -124,22 +155,46 @@ async fn stream_ending_without_done_is_not_a_clean_end() {
 async fn stream_idle_past_timeout_ends_with_error() {
     // The test config's idle timeout is 2 s; the upstream pauses 5 s after the first chunk.
     let up = FakeUpstream::start(|_| {
-        Reply::sse(vec![(Duration::ZERO, FIRST), (Duration::from_secs(5), "data: [DONE]\n\n")])
+        Reply::sse(vec![
+            (Duration::ZERO, FIRST),
+            (Duration::from_secs(5), "data: [DONE]\n\n"),
+        ])
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).json(&stream_body("m")).send().await.unwrap();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap();
     let text = read_all(resp).await;
     assert_ends_with_error_and_done(&text);
     assert!(text.contains("sent nothing for"), "{text}");
-    assert!(up.wait_cancelled(Duration::from_secs(2)).await, "the idle upstream is dropped");
+    assert!(
+        up.wait_cancelled(Duration::from_secs(2)).await,
+        "the idle upstream is dropped"
+    );
 }
 
 #[tokio::test]
 async fn clean_stream_gets_no_extra_bytes() {
-    let up = FakeUpstream::start(|_| Reply::sse(vec![(Duration::ZERO, FIRST), (Duration::ZERO, "data: [DONE]\n\n")])).await;
+    let up = FakeUpstream::start(|_| {
+        Reply::sse(vec![
+            (Duration::ZERO, FIRST),
+            (Duration::ZERO, "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).json(&stream_body("m")).send().await.unwrap();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(read_all(resp).await, format!("{FIRST}data: [DONE]\n\n"));
 }
 
@@ -148,10 +203,20 @@ async fn client_disconnect_mid_stream_closes_the_upstream_request() {
     let chunks: Vec<(Duration, &str)> = std::iter::once((Duration::ZERO, FIRST))
         .chain((0..50).map(|_| (Duration::from_millis(100), FIRST)))
         .collect();
-    let chunks: Vec<(Duration, String)> = chunks.into_iter().map(|(d, s)| (d, s.to_owned())).collect();
-    let up = FakeUpstream::start(move |_| Reply::sse(chunks.iter().map(|(d, s)| (*d, s.as_str())).collect())).await;
+    let chunks: Vec<(Duration, String)> =
+        chunks.into_iter().map(|(d, s)| (d, s.to_owned())).collect();
+    let up = FakeUpstream::start(move |_| {
+        Reply::sse(chunks.iter().map(|(d, s)| (*d, s.as_str())).collect())
+    })
+    .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).json(&stream_body("m")).send().await.unwrap();
+    let resp = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap();
     let mut s = resp.bytes_stream();
     let first = s.next().await.unwrap().unwrap();
     assert!(!first.is_empty());
@@ -168,7 +233,12 @@ async fn client_disconnect_before_the_answer_closes_the_upstream_request() {
     let gw = TestGateway::start(&chat_config(&up.url())).await;
     let url = gw.base("/v1/chat/completions");
     let call = tokio::spawn(async move {
-        client().post(url).bearer_auth(KEY).json(&chat_body("m")).send().await
+        client()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&chat_body("m"))
+            .send()
+            .await
     });
     // Wait until the upstream has the request, then abandon the client side.
     for _ in 0..100 {
@@ -201,7 +271,11 @@ async fn oversized_body_is_413_and_never_forwarded() {
     assert_eq!(serde_json::to_vec(&body).unwrap().len(), 65_536);
     let (status, _, _) = post_json(&gw.base("/v1/chat/completions"), body).await;
     assert_eq!(status, 200);
-    assert_eq!(up.seen().len(), 1, "only the body within the limit was forwarded");
+    assert_eq!(
+        up.seen().len(),
+        1,
+        "only the body within the limit was forwarded"
+    );
 }
 
 #[tokio::test]
@@ -209,12 +283,15 @@ async fn oversized_chunked_body_is_413() {
     let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
     // No content-length: the limit must hold while reading a chunked body too.
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
-        (0..20).map(|_| Ok(bytes::Bytes::from(vec![b' '; 8192]))).collect();
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..20)
+        .map(|_| Ok(bytes::Bytes::from(vec![b' '; 8192])))
+        .collect();
     let resp = client()
         .post(gw.base("/v1/chat/completions"))
         .bearer_auth(KEY)
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
         .send()
         .await
         .unwrap();
@@ -227,7 +304,13 @@ async fn malformed_json_is_400_and_the_gateway_keeps_serving() {
     let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": 1}))).await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
     for bad in ["{", "not json", "[1,2]", "{\"model\": }", "", "\u{0}"] {
-        let resp = client().post(gw.base("/v1/chat/completions")).bearer_auth(KEY).body(bad).send().await.unwrap();
+        let resp = client()
+            .post(gw.base("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .body(bad)
+            .send()
+            .await
+            .unwrap();
         let status = resp.status().as_u16();
         let v: serde_json::Value = resp.json().await.unwrap();
         assert_openai_error(status, &v, 400, None);
@@ -244,7 +327,11 @@ async fn unknown_path_404_and_wrong_method_405() {
     assert_eq!(resp.status(), 404);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert!(v["error"]["message"].is_string());
-    let resp = client().get(gw.base("/v1/chat/completions")).send().await.unwrap();
+    let resp = client()
+        .get(gw.base("/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 405);
     assert_eq!(resp.headers()["allow"], "POST");
 }

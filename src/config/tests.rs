@@ -99,15 +99,24 @@ upstream = "v"
     );
     has(&errs, "nonsense: unknown key");
     has(&errs, "listen.base: invalid address \"localhost\"");
-    has(&errs, "listen.admin: address 127.0.0.1:9090 is already used by listen.video");
+    has(
+        &errs,
+        "listen.admin: address 127.0.0.1:9090 is already used by listen.video",
+    );
     has(&errs, "limits: unknown field `extra`");
-    has(&errs, "keys[0].key_env: environment variable UNSET is not set");
+    has(
+        &errs,
+        "keys[0].key_env: environment variable UNSET is not set",
+    );
     has(&errs, "keys[0].addresses[0]: unknown address \"moon\"");
     has(&errs, "keys[1]: exactly one of");
     has(&errs, "upstreams[0].base_url: required for kind \"chat\"");
     has(&errs, "upstreams[1].name: duplicate upstream name \"u\"");
     has(&errs, "upstreams[1].kind: unknown kind \"telepathy\"");
-    has(&errs, "upstreams[2].api_key_env: environment variable UNSET is not set");
+    has(
+        &errs,
+        "upstreams[2].api_key_env: environment variable UNSET is not set",
+    );
     has(&errs, "models[0].upstream: no upstream named \"opneai\"");
     has(&errs, "models[0].thinking: unknown value \"sometimes\"");
     has(&errs, "models[0].endpoints[1]: unknown endpoint \"fax\"");
@@ -157,7 +166,10 @@ kind = "mock"
     let clash = format!(
         "{base}\n[[models]]\nname = \"m\"\nupstream = \"a\"\n[[models]]\nname = \"m\"\nupstream = \"b\"\naddresses = [\"base\", \"token_plan\"]\n"
     );
-    has(&errors(&clash), "models[1].name: duplicate model name \"m\" on address(es) base");
+    has(
+        &errors(&clash),
+        "models[1].name: duplicate model name \"m\" on address(es) base",
+    );
 }
 
 #[test]
@@ -185,8 +197,14 @@ upstream = "veo"
 addresses = ["base"]
 "#,
     );
-    has(&errs, "models[0].addresses[0]: address \"token_plan\" has no listener");
-    has(&errs, "models[1].addresses: upstream \"veo\" is a video upstream");
+    has(
+        &errs,
+        "models[0].addresses[0]: address \"token_plan\" has no listener",
+    );
+    has(
+        &errs,
+        "models[1].addresses: upstream \"veo\" is a video upstream",
+    );
 }
 
 #[test]
@@ -216,8 +234,16 @@ upstream = "c"
         chat.uri_for(Protocol::Chat).unwrap().to_string(),
         "https://h.example/v1/chat/completions?api-version=2"
     );
-    assert_eq!(chat.credential.as_ref().unwrap().header_value(), "Bearer value");
-    assert!(chat.credential.as_ref().unwrap().header_value().is_sensitive());
+    assert_eq!(
+        chat.credential.as_ref().unwrap().header_value(),
+        "Bearer value"
+    );
+    assert!(chat
+        .credential
+        .as_ref()
+        .unwrap()
+        .header_value()
+        .is_sensitive());
     assert_eq!(format!("{:?}", chat.credential), "Some(Secret(***))");
     let msgs = &c.upstreams[1];
     assert_eq!(msgs.credential.as_ref().unwrap().header_value(), "value");
@@ -225,14 +251,22 @@ upstream = "c"
 
 #[test]
 fn task_secrets_come_from_the_named_variable() {
-    let c = parse(&format!("{MINIMAL}\n[video]\ntask_secrets_env = \"SECRETS\"\n")).unwrap();
+    let c = parse(&format!(
+        "{MINIMAL}\n[video]\ntask_secrets_env = \"SECRETS\"\n"
+    ))
+    .unwrap();
     assert_eq!(c.video.task_secrets, vec![b"new".to_vec(), b"old".to_vec()]);
 }
 
 #[test]
 fn tls_files_that_do_not_exist_are_an_error() {
-    let errs = errors(&format!("{MINIMAL}\n[tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n"));
-    has(&errs, "tls: cannot read certificate file /nonexistent/c.pem");
+    let errs = errors(&format!(
+        "{MINIMAL}\n[tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n"
+    ));
+    has(
+        &errs,
+        "tls: cannot read certificate file /nonexistent/c.pem",
+    );
 }
 
 #[test]

@@ -31,7 +31,11 @@ fn every_split_gives_the_same_events() {
     assert_eq!(whole.len(), 3);
     for i in 0..=text.len() {
         for j in i..=text.len() {
-            assert_eq!(decode_all(&[&text[..i], &text[i..j], &text[j..]]), whole, "split at {i},{j}");
+            assert_eq!(
+                decode_all(&[&text[..i], &text[i..j], &text[j..]]),
+                whole,
+                "split at {i},{j}"
+            );
         }
     }
     let bytes: Vec<&[u8]> = text.chunks(1).collect();
@@ -40,7 +44,10 @@ fn every_split_gives_the_same_events() {
 
 #[test]
 fn a_cr_lf_split_across_feeds_is_one_line_end() {
-    assert_eq!(decode_all(&[b"data: a\r", b"\n\r", b"\n"]), vec![ev(None, "a")]);
+    assert_eq!(
+        decode_all(&[b"data: a\r", b"\n\r", b"\n"]),
+        vec![ev(None, "a")]
+    );
 }
 
 #[test]
@@ -73,7 +80,9 @@ fn random_splits_property() {
             text.extend_from_slice(eol);
         }
         let whole = decode_all(&[&text]);
-        let mut cuts: Vec<usize> = (0..rng.usize(0..8)).map(|_| rng.usize(0..=text.len())).collect();
+        let mut cuts: Vec<usize> = (0..rng.usize(0..8))
+            .map(|_| rng.usize(0..=text.len()))
+            .collect();
         cuts.sort_unstable();
         let mut pieces = Vec::new();
         let mut last = 0;
@@ -82,6 +91,11 @@ fn random_splits_property() {
             last = c;
         }
         pieces.push(&text[last..]);
-        assert_eq!(decode_all(&pieces), whole, "text {:?}", String::from_utf8_lossy(&text));
+        assert_eq!(
+            decode_all(&pieces),
+            whole,
+            "text {:?}",
+            String::from_utf8_lossy(&text)
+        );
     }
 }

@@ -5,7 +5,10 @@ use serde_json::{json, Map, Value};
 use super::common::*;
 use crate::config::{Model, Protocol, ThinkingStyle};
 use crate::error::GatewayError;
-use crate::ir::{self, Event, Finish, Image, ImageSource, Message, Part, Reasoning, Role, Tool, ToolChoice, Usage};
+use crate::ir::{
+    self, Event, Finish, Image, ImageSource, Message, Part, Reasoning, Role, Tool, ToolChoice,
+    Usage,
+};
 use crate::sse;
 
 // === requests: chat client → IR ===
@@ -17,18 +20,28 @@ fn text_of_parts(content: &Value, path: &str) -> Result<String, GatewayError> {
         Value::Array(parts) => {
             let mut out = String::new();
             for (i, p) in parts.iter().enumerate() {
-                if let Some(t) = p.get("text").and_then(Value::as_str).or_else(|| p.get("refusal").and_then(Value::as_str)) {
+                if let Some(t) = p
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .or_else(|| p.get("refusal").and_then(Value::as_str))
+                {
                     if !out.is_empty() {
                         out.push('\n');
                     }
                     out.push_str(t);
                 } else {
-                    return Err(GatewayError::invalid(format!("{path}[{i}]"), "only text parts are allowed here"));
+                    return Err(GatewayError::invalid(
+                        format!("{path}[{i}]"),
+                        "only text parts are allowed here",
+                    ));
                 }
             }
             Ok(out)
         }
-        _ => Err(GatewayError::invalid(path, "must be a string or an array of parts")),
+        _ => Err(GatewayError::invalid(
+            path,
+            "must be a string or an array of parts",
+        )),
     }
 }
 
@@ -41,21 +54,34 @@ fn user_parts(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>
             .map(|(i, p)| {
                 let ppath = format!("{path}[{i}]");
                 match p.get("type").and_then(Value::as_str) {
-                    Some("text") => Ok(Part::Text(req_str(p, "text", &format!("{ppath}.text"))?.to_owned())),
+                    Some("text") => Ok(Part::Text(
+                        req_str(p, "text", &format!("{ppath}.text"))?.to_owned(),
+                    )),
                     Some("image_url") => {
                         let img = p.get("image_url").unwrap_or(&Value::Null);
                         let url = req_str(img, "url", &format!("{ppath}.image_url.url"))?;
                         Ok(Part::Image(Image {
                             source: ImageSource::from_url(url),
-                            detail: get_str(img, "detail", &format!("{ppath}.image_url.detail"))?.map(str::to_owned),
+                            detail: get_str(img, "detail", &format!("{ppath}.image_url.detail"))?
+                                .map(str::to_owned),
                         }))
                     }
-                    Some(other) => Err(unsupported(&format!("{ppath}.type"), target.name(), &format!("{other:?} parts have no equivalent there"))),
-                    None => Err(GatewayError::invalid(format!("{ppath}.type"), "`type` is required")),
+                    Some(other) => Err(unsupported(
+                        &format!("{ppath}.type"),
+                        target.name(),
+                        &format!("{other:?} parts have no equivalent there"),
+                    )),
+                    None => Err(GatewayError::invalid(
+                        format!("{ppath}.type"),
+                        "`type` is required",
+                    )),
                 }
             })
             .collect(),
-        _ => Err(GatewayError::invalid(path, "must be a string or an array of parts")),
+        _ => Err(GatewayError::invalid(
+            path,
+            "must be a string or an array of parts",
+        )),
     }
 }
 
@@ -66,30 +92,58 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         return Err(unsupported("n", t, "only one choice per request"));
     }
     if get_bool(v, "logprobs", "logprobs")? == Some(true) {
-        return Err(unsupported("logprobs", t, "log probabilities are not available"));
+        return Err(unsupported(
+            "logprobs",
+            t,
+            "log probabilities are not available",
+        ));
     }
     let mut r = ir::Request::default();
-    let messages = get_array(v, "messages", "messages")?.cloned().unwrap_or_default();
+    let messages = get_array(v, "messages", "messages")?
+        .cloned()
+        .unwrap_or_default();
     for (i, m) in messages.iter().enumerate() {
         let path = format!("messages[{i}]");
         let content = m.get("content").unwrap_or(&Value::Null);
         match m.get("role").and_then(Value::as_str) {
-            Some("system" | "developer") => r.system.push(text_of_parts(content, &format!("{path}.content"))?),
-            Some("user") => push(&mut r.messages, Role::User, user_parts(content, &format!("{path}.content"), target)?),
+            Some("system" | "developer") => r
+                .system
+                .push(text_of_parts(content, &format!("{path}.content"))?),
+            Some("user") => push(
+                &mut r.messages,
+                Role::User,
+                user_parts(content, &format!("{path}.content"), target)?,
+            ),
             Some("tool") => {
-                let call_id = req_str(m, "tool_call_id", &format!("{path}.tool_call_id"))?.to_owned();
+                let call_id =
+                    req_str(m, "tool_call_id", &format!("{path}.tool_call_id"))?.to_owned();
                 let text = text_of_parts(content, &format!("{path}.content"))?;
-                push(&mut r.messages, Role::User, vec![Part::ToolResult { call_id, content: vec![Part::Text(text)], is_error: false }]);
+                push(
+                    &mut r.messages,
+                    Role::User,
+                    vec![Part::ToolResult {
+                        call_id,
+                        content: vec![Part::Text(text)],
+                        is_error: false,
+                    }],
+                );
             }
             Some("assistant") => {
                 let mut parts = Vec::new();
                 // Signed thinking round-trips through `thinking_blocks` (the convention LiteLLM uses).
                 if let Some(blocks) = m.get("thinking_blocks").and_then(Value::as_array) {
                     for b in blocks {
-                        let sig = b.get("signature").and_then(Value::as_str).filter(|s| !s.is_empty());
+                        let sig = b
+                            .get("signature")
+                            .and_then(Value::as_str)
+                            .filter(|s| !s.is_empty());
                         match b.get("type").and_then(Value::as_str) {
                             Some("thinking") => parts.push(Part::Reasoning(Reasoning {
-                                text: b.get("thinking").and_then(Value::as_str).unwrap_or("").to_owned(),
+                                text: b
+                                    .get("thinking")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("")
+                                    .to_owned(),
                                 signature: sig.map(str::to_owned),
                                 redacted: None,
                             })),
@@ -100,33 +154,65 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                             _ => {}
                         }
                     }
-                } else if let Some(rc) = m.get("reasoning_content").or_else(|| m.get("reasoning")).and_then(Value::as_str) {
-                    parts.push(Part::Reasoning(Reasoning { text: rc.to_owned(), ..Reasoning::default() }));
+                } else if let Some(rc) = m
+                    .get("reasoning_content")
+                    .or_else(|| m.get("reasoning"))
+                    .and_then(Value::as_str)
+                {
+                    parts.push(Part::Reasoning(Reasoning {
+                        text: rc.to_owned(),
+                        ..Reasoning::default()
+                    }));
                 }
                 let text = text_of_parts(content, &format!("{path}.content"))?;
                 if !text.is_empty() {
                     parts.push(Part::Text(text));
                 }
-                for (j, c) in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                for (j, c) in m
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                {
                     let cpath = format!("{path}.tool_calls[{j}]");
                     let f = c.get("function").unwrap_or(&Value::Null);
                     parts.push(Part::ToolCall {
                         id: req_str(c, "id", &format!("{cpath}.id"))?.to_owned(),
                         name: req_str(f, "name", &format!("{cpath}.function.name"))?.to_owned(),
-                        arguments: get_str(f, "arguments", &format!("{cpath}.function.arguments"))?.unwrap_or("{}").to_owned(),
+                        arguments: get_str(f, "arguments", &format!("{cpath}.function.arguments"))?
+                            .unwrap_or("{}")
+                            .to_owned(),
                     });
                 }
                 push(&mut r.messages, Role::Assistant, parts);
             }
-            _ => return Err(GatewayError::invalid(format!("{path}.role"), "unknown role")),
+            _ => {
+                return Err(GatewayError::invalid(
+                    format!("{path}.role"),
+                    "unknown role",
+                ))
+            }
         }
     }
-    for (i, tool) in get_array(v, "tools", "tools")?.into_iter().flatten().enumerate() {
+    for (i, tool) in get_array(v, "tools", "tools")?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let f = tool.get("function").unwrap_or(&Value::Null);
         r.tools.push(Tool {
             name: req_str(f, "name", &format!("tools[{i}].function.name"))?.to_owned(),
-            description: get_str(f, "description", &format!("tools[{i}].function.description"))?.map(str::to_owned),
-            parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            description: get_str(
+                f,
+                "description",
+                &format!("tools[{i}].function.description"),
+            )?
+            .map(str::to_owned),
+            parameters: f
+                .get("parameters")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
             strict: get_bool(f, "strict", &format!("tools[{i}].function.strict"))?,
         });
     }
@@ -139,7 +225,13 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         }),
         Some(o) => match o.pointer("/function/name").and_then(Value::as_str) {
             Some(name) => Some(ToolChoice::Named(name.to_owned())),
-            None => return Err(unsupported("tool_choice", t, "only none, auto, required or a named function")),
+            None => {
+                return Err(unsupported(
+                    "tool_choice",
+                    t,
+                    "only none, auto, required or a named function",
+                ))
+            }
         },
     };
     r.parallel_tool_calls = get_bool(v, "parallel_tool_calls", "parallel_tool_calls")?;
@@ -156,11 +248,23 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         .pointer("/chat_template_kwargs/enable_thinking")
         .and_then(Value::as_bool)
         .or_else(|| v.get("enable_thinking").and_then(Value::as_bool))
-        .or_else(|| v.pointer("/thinking/type").and_then(Value::as_str).map(|t| t == "enabled"));
+        .or_else(|| {
+            v.pointer("/thinking/type")
+                .and_then(Value::as_str)
+                .map(|t| t == "enabled")
+        });
     r.thinking = match (switch, effort) {
         (None, None) => None,
-        (Some(on), effort) => Some(ir::Thinking { enabled: on, budget_tokens: None, effort }),
-        (None, Some(e)) => Some(ir::Thinking { enabled: e != "none", budget_tokens: None, effort: Some(e) }),
+        (Some(on), effort) => Some(ir::Thinking {
+            enabled: on,
+            budget_tokens: None,
+            effort,
+        }),
+        (None, Some(e)) => Some(ir::Thinking {
+            enabled: e != "none",
+            budget_tokens: None,
+            effort: Some(e),
+        }),
     };
     r.response_format = match v.get("response_format") {
         None | Some(Value::Null) => None,
@@ -169,9 +273,19 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             Some("json_schema") => {
                 let js = rf.get("json_schema").unwrap_or(&Value::Null);
                 Some(ir::ResponseFormat::JsonSchema {
-                    name: js.get("name").and_then(Value::as_str).unwrap_or("response").to_owned(),
-                    description: js.get("description").and_then(Value::as_str).map(str::to_owned),
-                    schema: js.get("schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                    name: js
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("response")
+                        .to_owned(),
+                    description: js
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    schema: js
+                        .get("schema")
+                        .cloned()
+                        .unwrap_or_else(|| json!({"type": "object"})),
                     strict: js.get("strict").and_then(Value::as_bool),
                 })
             }
@@ -185,14 +299,21 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
 pub fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
     match messages.last_mut() {
         Some(last) if last.role == role => last.content.extend(parts),
-        _ => messages.push(Message { role, content: parts }),
+        _ => messages.push(Message {
+            role,
+            content: parts,
+        }),
     }
 }
 
 // === requests: IR → chat upstream ===
 
 /// Builds the chat request for an upstream from the IR.
-pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Result<Value, GatewayError> {
+pub fn ir_to_request(
+    r: &ir::Request,
+    upstream_model: &str,
+    model: &Model,
+) -> Result<Value, GatewayError> {
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     let mut messages = Vec::new();
@@ -206,12 +327,18 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
                 let mut rest = Vec::new();
                 for p in &m.content {
                     match p {
-                        Part::ToolResult { call_id, content, is_error } => {
+                        Part::ToolResult {
+                            call_id,
+                            content,
+                            is_error,
+                        } => {
                             let mut text = tool_result_text(content);
                             if *is_error {
                                 text = format!("Error: {text}");
                             }
-                            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+                            messages.push(
+                                json!({"role": "tool", "tool_call_id": call_id, "content": text}),
+                            );
                         }
                         Part::Text(t) => rest.push(json!({"type": "text", "text": t})),
                         Part::Image(img) => {
@@ -271,12 +398,15 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
         out.insert("tools".into(), Value::Array(tools));
     }
     if let Some(tc) = &r.tool_choice {
-        out.insert("tool_choice".into(), match tc {
-            ToolChoice::None => json!("none"),
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::Required => json!("required"),
-            ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
-        });
+        out.insert(
+            "tool_choice".into(),
+            match tc {
+                ToolChoice::None => json!("none"),
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
+            },
+        );
     }
     if let Some(p) = r.parallel_tool_calls {
         if !r.tools.is_empty() {
@@ -308,7 +438,12 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
         Some(ir::ResponseFormat::JsonObject) => {
             out.insert("response_format".into(), json!({"type": "json_object"}));
         }
-        Some(ir::ResponseFormat::JsonSchema { name, description, schema, strict }) => {
+        Some(ir::ResponseFormat::JsonSchema {
+            name,
+            description,
+            schema,
+            strict,
+        }) => {
             let mut js = json!({"name": name, "schema": schema});
             if let Some(d) = description {
                 js["description"] = json!(d);
@@ -316,7 +451,10 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
             if let Some(s) = strict {
                 js["strict"] = json!(s);
             }
-            out.insert("response_format".into(), json!({"type": "json_schema", "json_schema": js}));
+            out.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": js}),
+            );
         }
     }
     if let Some(th) = &r.thinking {
@@ -325,22 +463,35 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
     Ok(Value::Object(out))
 }
 
-fn write_thinking(out: &mut Map<String, Value>, th: &ir::Thinking, model: &Model, max_tokens: Option<u64>) -> Result<(), GatewayError> {
+fn write_thinking(
+    out: &mut Map<String, Value>,
+    th: &ir::Thinking,
+    model: &Model,
+    max_tokens: Option<u64>,
+) -> Result<(), GatewayError> {
     let on = th.enabled;
     match model.thinking {
         ThinkingStyle::ChatTemplateKwargs => {
-            out.insert("chat_template_kwargs".into(), json!({"enable_thinking": on}));
+            out.insert(
+                "chat_template_kwargs".into(),
+                json!({"enable_thinking": on}),
+            );
         }
         ThinkingStyle::EnableThinking => {
             out.insert("enable_thinking".into(), json!(on));
         }
         ThinkingStyle::ThinkingType => {
-            out.insert("thinking".into(), json!({"type": if on { "enabled" } else { "disabled" }}));
+            out.insert(
+                "thinking".into(),
+                json!({"type": if on { "enabled" } else { "disabled" }}),
+            );
         }
         ThinkingStyle::Anthropic => {
             let v = if on {
                 let budget = th.budget_tokens.unwrap_or_else(|| {
-                    max_tokens.or(model.default_max_tokens.map(u64::from)).map_or(1024, |m| (m / 2).max(1024))
+                    max_tokens
+                        .or(model.default_max_tokens.map(u64::from))
+                        .map_or(1024, |m| (m / 2).max(1024))
                 });
                 json!({"type": "enabled", "budget_tokens": budget})
             } else {
@@ -427,13 +578,23 @@ pub fn usage_json(u: &Usage) -> Value {
 /// Reads a chat upstream's non-streamed reply.
 pub fn response_to_ir(v: &Value) -> Result<ir::Response, GatewayError> {
     let choice = v.pointer("/choices/0").ok_or_else(|| {
-        GatewayError::new(crate::error::ErrorKind::UpstreamBadResponse, "the upstream reply has no choices")
+        GatewayError::new(
+            crate::error::ErrorKind::UpstreamBadResponse,
+            "the upstream reply has no choices",
+        )
     })?;
     let msg = choice.get("message").unwrap_or(&Value::Null);
     let mut content = Vec::new();
-    if let Some(r) = msg.get("reasoning_content").or_else(|| msg.get("reasoning")).and_then(Value::as_str) {
+    if let Some(r) = msg
+        .get("reasoning_content")
+        .or_else(|| msg.get("reasoning"))
+        .and_then(Value::as_str)
+    {
         if !r.is_empty() {
-            content.push(Part::Reasoning(Reasoning { text: r.to_owned(), ..Reasoning::default() }));
+            content.push(Part::Reasoning(Reasoning {
+                text: r.to_owned(),
+                ..Reasoning::default()
+            }));
         }
     }
     if let Some(t) = msg.get("content").and_then(Value::as_str) {
@@ -444,17 +605,40 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, GatewayError> {
     if let Some(t) = msg.get("refusal").and_then(Value::as_str) {
         content.push(Part::Text(t.to_owned()));
     }
-    for c in msg.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+    for c in msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         content.push(Part::ToolCall {
-            id: c.get("id").and_then(Value::as_str).map_or_else(|| ir::mint_id("call_"), str::to_owned),
-            name: c.pointer("/function/name").and_then(Value::as_str).unwrap_or("").to_owned(),
-            arguments: c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("").to_owned(),
+            id: c
+                .get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| ir::mint_id("call_"), str::to_owned),
+            name: c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            arguments: c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
         });
     }
     Ok(ir::Response {
         id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
-        created: v.get("created").and_then(Value::as_u64).unwrap_or_else(ir::now_secs),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        created: v
+            .get("created")
+            .and_then(Value::as_u64)
+            .unwrap_or_else(ir::now_secs),
         content,
         finish: finish_from(choice.get("finish_reason").and_then(Value::as_str)),
         usage: v.get("usage").map(usage_from).unwrap_or_default(),
@@ -478,7 +662,11 @@ pub fn ir_to_response(r: &ir::Response, client_model: &str) -> Value {
                     blocks.push(json!({"type": "redacted_thinking", "data": data}));
                 }
             }
-            Part::ToolCall { id, name, arguments } => calls.push(json!({
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => calls.push(json!({
                 "id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
             _ => {}
         }
@@ -519,7 +707,10 @@ pub fn error_body(e: &ir::ErrorInfo) -> Value {
 pub fn error_from_body(status: u16, v: &Value) -> ir::ErrorInfo {
     ir::ErrorInfo {
         status,
-        message: v.pointer("/error/message").and_then(Value::as_str).map_or_else(|| v.to_string(), str::to_owned),
+        message: v
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .map_or_else(|| v.to_string(), str::to_owned),
         code: v
             .pointer("/error/code")
             .and_then(Value::as_str)
@@ -545,7 +736,11 @@ impl StreamDecoder {
             return;
         }
         let Ok(v) = serde_json::from_str::<Value>(data) else {
-            out.push(Event::Error(ir::ErrorInfo { status: 502, message: format!("the upstream sent an unreadable chunk: {data:.200}"), code: None }));
+            out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: format!("the upstream sent an unreadable chunk: {data:.200}"),
+                code: None,
+            }));
             return;
         };
         if v.get("error").is_some_and(|e| !e.is_null()) {
@@ -556,13 +751,24 @@ impl StreamDecoder {
             self.started = true;
             out.push(Event::Start {
                 id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                model: v.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
-                created: v.get("created").and_then(Value::as_u64).unwrap_or_else(ir::now_secs),
+                model: v
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                created: v
+                    .get("created")
+                    .and_then(Value::as_u64)
+                    .unwrap_or_else(ir::now_secs),
             });
         }
         if let Some(choice) = v.pointer("/choices/0") {
             let delta = choice.get("delta").unwrap_or(&Value::Null);
-            if let Some(r) = delta.get("reasoning_content").or_else(|| delta.get("reasoning")).and_then(Value::as_str) {
+            if let Some(r) = delta
+                .get("reasoning_content")
+                .or_else(|| delta.get("reasoning"))
+                .and_then(Value::as_str)
+            {
                 if !r.is_empty() {
                     out.push(Event::ReasoningDelta(r.to_owned()));
                 }
@@ -574,7 +780,12 @@ impl StreamDecoder {
                     }
                 }
             }
-            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let chat_index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
                 let index = match self.tools.iter().position(|i| *i == chat_index) {
                     Some(i) => i,
@@ -583,15 +794,25 @@ impl StreamDecoder {
                         let index = self.tools.len() - 1;
                         out.push(Event::ToolStart {
                             index,
-                            id: call.get("id").and_then(Value::as_str).map_or_else(|| ir::mint_id("call_"), str::to_owned),
-                            name: call.pointer("/function/name").and_then(Value::as_str).unwrap_or("").to_owned(),
+                            id: call
+                                .get("id")
+                                .and_then(Value::as_str)
+                                .map_or_else(|| ir::mint_id("call_"), str::to_owned),
+                            name: call
+                                .pointer("/function/name")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
                         });
                         index
                     }
                 };
                 if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
                     if !args.is_empty() {
-                        out.push(Event::ToolArgs { index, fragment: args.to_owned() });
+                        out.push(Event::ToolArgs {
+                            index,
+                            fragment: args.to_owned(),
+                        });
                     }
                 }
             }
@@ -668,7 +889,11 @@ impl StreamEncoder {
             }
             Event::RedactedReasoning(data) => {
                 self.ensure_started(out);
-                self.chunk(out, json!({"thinking_blocks": [{"type": "redacted_thinking", "data": data}]}), None);
+                self.chunk(
+                    out,
+                    json!({"thinking_blocks": [{"type": "redacted_thinking", "data": data}]}),
+                    None,
+                );
             }
             Event::TextDelta(t) => {
                 self.ensure_started(out);
@@ -679,7 +904,11 @@ impl StreamEncoder {
                 self.chunk(out, json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None);
             }
             Event::ToolArgs { index, fragment } => {
-                self.chunk(out, json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}), None);
+                self.chunk(
+                    out,
+                    json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
+                    None,
+                );
             }
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),

@@ -8,19 +8,26 @@ pub fn get_str<'v>(v: &'v Value, key: &str, path: &str) -> Result<Option<&'v str
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(GatewayError::invalid(path, format!("`{path}` must be a string"))),
+        Some(_) => Err(GatewayError::invalid(
+            path,
+            format!("`{path}` must be a string"),
+        )),
     }
 }
 
 pub fn req_str<'v>(v: &'v Value, key: &str, path: &str) -> Result<&'v str, GatewayError> {
-    get_str(v, key, path)?.ok_or_else(|| GatewayError::invalid(path, format!("`{path}` is required")))
+    get_str(v, key, path)?
+        .ok_or_else(|| GatewayError::invalid(path, format!("`{path}` is required")))
 }
 
 pub fn get_bool(v: &Value, key: &str, path: &str) -> Result<Option<bool>, GatewayError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(GatewayError::invalid(path, format!("`{path}` must be a boolean"))),
+        Some(_) => Err(GatewayError::invalid(
+            path,
+            format!("`{path}` must be a boolean"),
+        )),
     }
 }
 
@@ -32,10 +39,16 @@ pub fn get_f64_in(v: &Value, key: &str, lo: f64, hi: f64) -> Result<Option<f64>,
             if (lo..=hi).contains(&x) {
                 Ok(Some(x))
             } else {
-                Err(GatewayError::invalid(key, format!("`{key}` must be between {lo} and {hi}; got {x}")))
+                Err(GatewayError::invalid(
+                    key,
+                    format!("`{key}` must be between {lo} and {hi}; got {x}"),
+                ))
             }
         }
-        Some(_) => Err(GatewayError::invalid(key, format!("`{key}` must be a number"))),
+        Some(_) => Err(GatewayError::invalid(
+            key,
+            format!("`{key}` must be a number"),
+        )),
     }
 }
 
@@ -44,17 +57,30 @@ pub fn get_u64(v: &Value, key: &str, min: u64) -> Result<Option<u64>, GatewayErr
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_u64() {
             Some(x) if x >= min => Ok(Some(x)),
-            _ => Err(GatewayError::invalid(key, format!("`{key}` must be an integer of at least {min}; got {n}"))),
+            _ => Err(GatewayError::invalid(
+                key,
+                format!("`{key}` must be an integer of at least {min}; got {n}"),
+            )),
         },
-        Some(_) => Err(GatewayError::invalid(key, format!("`{key}` must be an integer"))),
+        Some(_) => Err(GatewayError::invalid(
+            key,
+            format!("`{key}` must be an integer"),
+        )),
     }
 }
 
-pub fn get_array<'v>(v: &'v Value, key: &str, path: &str) -> Result<Option<&'v Vec<Value>>, GatewayError> {
+pub fn get_array<'v>(
+    v: &'v Value,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'v Vec<Value>>, GatewayError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a)),
-        Some(_) => Err(GatewayError::invalid(path, format!("`{path}` must be an array"))),
+        Some(_) => Err(GatewayError::invalid(
+            path,
+            format!("`{path}` must be an array"),
+        )),
     }
 }
 
@@ -72,18 +98,27 @@ pub fn string_list(v: &Value, key: &str) -> Result<Vec<String>, GatewayError> {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                s.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| GatewayError::invalid(format!("{key}[{i}]"), format!("`{key}[{i}]` must be a string")))
+                s.as_str().map(str::to_owned).ok_or_else(|| {
+                    GatewayError::invalid(
+                        format!("{key}[{i}]"),
+                        format!("`{key}[{i}]` must be a string"),
+                    )
+                })
             })
             .collect(),
-        Some(_) => Err(GatewayError::invalid(key, format!("`{key}` must be a string or an array of strings"))),
+        Some(_) => Err(GatewayError::invalid(
+            key,
+            format!("`{key}` must be a string or an array of strings"),
+        )),
     }
 }
 
 /// A refusal for a field the target protocol cannot express.
 pub fn unsupported(param: &str, target: &str, why: &str) -> GatewayError {
-    GatewayError::invalid(param, format!("`{param}` cannot be served by this model's upstream ({target}): {why}"))
+    GatewayError::invalid(
+        param,
+        format!("`{param}` cannot be served by this model's upstream ({target}): {why}"),
+    )
 }
 
 /// Re-prefixes an upstream id for the client's protocol (`msg_01A` → `chatcmpl-01A`), so ids

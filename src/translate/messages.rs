@@ -5,7 +5,9 @@ use serde_json::{json, Map, Value};
 use super::common::*;
 use crate::config::{Model, Protocol};
 use crate::error::GatewayError;
-use crate::ir::{self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage};
+use crate::ir::{
+    self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage,
+};
 use crate::sse;
 
 /// The tool that carries JSON mode toward a messages upstream (the forced-tool technique).
@@ -23,27 +25,47 @@ fn image_from(source: &Value, path: &str) -> Result<Image, GatewayError> {
             data: req_str(source, "data", &format!("{path}.data"))?.to_owned(),
         },
         Some("url") => ImageSource::Url(req_str(source, "url", &format!("{path}.url"))?.to_owned()),
-        _ => return Err(GatewayError::invalid(format!("{path}.type"), "image sources must be base64 or url")),
+        _ => {
+            return Err(GatewayError::invalid(
+                format!("{path}.type"),
+                "image sources must be base64 or url",
+            ))
+        }
     };
-    Ok(Image { source, detail: None })
+    Ok(Image {
+        source,
+        detail: None,
+    })
 }
 
 fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, GatewayError> {
     let list = match content {
         Value::String(s) => return Ok(vec![Part::Text(s.clone())]),
         Value::Array(a) => a,
-        _ => return Err(GatewayError::invalid(path, format!("`{path}` must be a string or an array of content blocks"))),
+        _ => {
+            return Err(GatewayError::invalid(
+                path,
+                format!("`{path}` must be a string or an array of content blocks"),
+            ))
+        }
     };
     let mut parts = Vec::with_capacity(list.len());
     for (i, b) in list.iter().enumerate() {
         let bpath = format!("{path}[{i}]");
         match b.get("type").and_then(Value::as_str) {
-            Some("text") => parts.push(Part::Text(req_str(b, "text", &format!("{bpath}.text"))?.to_owned())),
-            Some("image") => parts.push(Part::Image(image_from(b.get("source").unwrap_or(&Value::Null), &format!("{bpath}.source"))?)),
+            Some("text") => parts.push(Part::Text(
+                req_str(b, "text", &format!("{bpath}.text"))?.to_owned(),
+            )),
+            Some("image") => parts.push(Part::Image(image_from(
+                b.get("source").unwrap_or(&Value::Null),
+                &format!("{bpath}.source"),
+            )?)),
             Some("tool_use") => parts.push(Part::ToolCall {
                 id: req_str(b, "id", &format!("{bpath}.id"))?.to_owned(),
                 name: req_str(b, "name", &format!("{bpath}.name"))?.to_owned(),
-                arguments: b.get("input").map_or_else(|| "{}".to_owned(), Value::to_string),
+                arguments: b
+                    .get("input")
+                    .map_or_else(|| "{}".to_owned(), Value::to_string),
             }),
             Some("tool_result") => {
                 let content = match b.get("content") {
@@ -57,8 +79,16 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
                 });
             }
             Some("thinking") => parts.push(Part::Reasoning(Reasoning {
-                text: b.get("thinking").and_then(Value::as_str).unwrap_or("").to_owned(),
-                signature: b.get("signature").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned),
+                text: b
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                signature: b
+                    .get("signature")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
                 redacted: None,
             })),
             Some("redacted_thinking") => parts.push(Part::Reasoning(Reasoning {
@@ -66,9 +96,18 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
                 ..Reasoning::default()
             })),
             Some(other) => {
-                return Err(unsupported(&format!("{bpath}.type"), target.name(), &format!("{other:?} blocks have no equivalent there")))
+                return Err(unsupported(
+                    &format!("{bpath}.type"),
+                    target.name(),
+                    &format!("{other:?} blocks have no equivalent there"),
+                ))
             }
-            None => return Err(GatewayError::invalid(format!("{bpath}.type"), "`type` is required")),
+            None => {
+                return Err(GatewayError::invalid(
+                    format!("{bpath}.type"),
+                    "`type` is required",
+                ))
+            }
         }
     }
     Ok(parts)
@@ -79,7 +118,8 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     as_object(v, "body")?;
     let mut r = ir::Request {
         max_tokens: Some(
-            get_u64(v, "max_tokens", 1)?.ok_or_else(|| GatewayError::invalid("max_tokens", "`max_tokens` is required"))?,
+            get_u64(v, "max_tokens", 1)?
+                .ok_or_else(|| GatewayError::invalid("max_tokens", "`max_tokens` is required"))?,
         ),
         ..ir::Request::default()
     };
@@ -88,33 +128,70 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         Some(Value::String(s)) => r.system.push(s.clone()),
         Some(Value::Array(a)) => {
             for (i, b) in a.iter().enumerate() {
-                r.system.push(req_str(b, "text", &format!("system[{i}].text"))?.to_owned());
+                r.system
+                    .push(req_str(b, "text", &format!("system[{i}].text"))?.to_owned());
             }
         }
-        Some(_) => return Err(GatewayError::invalid("system", "`system` must be a string or an array of text blocks")),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "system",
+                "`system` must be a string or an array of text blocks",
+            ))
+        }
     }
-    let messages = get_array(v, "messages", "messages")?.ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
+    let messages = get_array(v, "messages", "messages")?
+        .ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
     if messages.is_empty() {
-        return Err(GatewayError::invalid("messages", "`messages` must hold at least one message"));
+        return Err(GatewayError::invalid(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
     }
     for (i, m) in messages.iter().enumerate() {
         let path = format!("messages[{i}]");
         let role = match m.get("role").and_then(Value::as_str) {
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
-            _ => return Err(GatewayError::invalid(format!("{path}.role"), "`role` must be user or assistant")),
+            _ => {
+                return Err(GatewayError::invalid(
+                    format!("{path}.role"),
+                    "`role` must be user or assistant",
+                ))
+            }
         };
-        let content = m.get("content").ok_or_else(|| GatewayError::invalid(format!("{path}.content"), "`content` is required"))?;
-        super::chat::push(&mut r.messages, role, blocks(content, &format!("{path}.content"), target)?);
+        let content = m.get("content").ok_or_else(|| {
+            GatewayError::invalid(format!("{path}.content"), "`content` is required")
+        })?;
+        super::chat::push(
+            &mut r.messages,
+            role,
+            blocks(content, &format!("{path}.content"), target)?,
+        );
     }
-    for (i, t) in get_array(v, "tools", "tools")?.into_iter().flatten().enumerate() {
-        if let Some(kind) = t.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
-            return Err(unsupported(&format!("tools[{i}].type"), target.name(), &format!("server tool {kind:?} exists only on Anthropic")));
+    for (i, t) in get_array(v, "tools", "tools")?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(kind) = t
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|k| *k != "custom")
+        {
+            return Err(unsupported(
+                &format!("tools[{i}].type"),
+                target.name(),
+                &format!("server tool {kind:?} exists only on Anthropic"),
+            ));
         }
         r.tools.push(Tool {
             name: req_str(t, "name", &format!("tools[{i}].name"))?.to_owned(),
-            description: get_str(t, "description", &format!("tools[{i}].description"))?.map(str::to_owned),
-            parameters: t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            description: get_str(t, "description", &format!("tools[{i}].description"))?
+                .map(str::to_owned),
+            parameters: t
+                .get("input_schema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
             strict: get_bool(t, "strict", &format!("tools[{i}].strict"))?,
         });
     }
@@ -134,16 +211,39 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     r.top_k = get_u64(v, "top_k", 0)?;
     r.stop = string_list(v, "stop_sequences")?;
     r.stream = get_bool(v, "stream", "stream")?.unwrap_or(false);
-    r.user = v.pointer("/metadata/user_id").and_then(Value::as_str).map(str::to_owned);
+    r.user = v
+        .pointer("/metadata/user_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     if let Some(th) = v.get("thinking").filter(|t| !t.is_null()) {
         r.thinking = Some(match th.get("type").and_then(Value::as_str) {
-            Some("enabled") => ir::Thinking { enabled: true, budget_tokens: get_u64(th, "budget_tokens", 1)?, effort: None },
-            Some("adaptive") => ir::Thinking { enabled: true, budget_tokens: None, effort: None },
-            Some("disabled") => ir::Thinking { enabled: false, budget_tokens: None, effort: None },
-            _ => return Err(GatewayError::invalid("thinking.type", "`thinking.type` must be enabled, disabled or adaptive")),
+            Some("enabled") => ir::Thinking {
+                enabled: true,
+                budget_tokens: get_u64(th, "budget_tokens", 1)?,
+                effort: None,
+            },
+            Some("adaptive") => ir::Thinking {
+                enabled: true,
+                budget_tokens: None,
+                effort: None,
+            },
+            Some("disabled") => ir::Thinking {
+                enabled: false,
+                budget_tokens: None,
+                effort: None,
+            },
+            _ => {
+                return Err(GatewayError::invalid(
+                    "thinking.type",
+                    "`thinking.type` must be enabled, disabled or adaptive",
+                ))
+            }
         });
     }
-    if let Some(schema) = v.pointer("/output_config/format/schema").or_else(|| v.pointer("/output_format/schema")) {
+    if let Some(schema) = v
+        .pointer("/output_config/format/schema")
+        .or_else(|| v.pointer("/output_format/schema"))
+    {
         r.response_format = Some(ir::ResponseFormat::JsonSchema {
             name: "structured_output".into(),
             description: None,
@@ -160,13 +260,21 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
 /// for a call and its result so they still pair up.
 fn sanitize_id(id: &str) -> String {
     id.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
 fn image_block(img: &Image) -> Value {
     match &img.source {
-        ImageSource::Base64 { media_type, data } => json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}),
+        ImageSource::Base64 { media_type, data } => {
+            json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+        }
         ImageSource::Url(u) => json!({"type": "image", "source": {"type": "url", "url": u}}),
     }
 }
@@ -176,12 +284,23 @@ fn block_of(p: &Part) -> Option<Value> {
         Part::Text(t) if t.is_empty() => return None,
         Part::Text(t) => json!({"type": "text", "text": t}),
         Part::Image(img) => image_block(img),
-        Part::ToolCall { id, name, arguments } => {
+        Part::ToolCall {
+            id,
+            name,
+            arguments,
+        } => {
             // The model wrote the arguments; unparsable text becomes {} rather than a refused request.
-            let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+            let input = serde_json::from_str::<Value>(arguments)
+                .ok()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
             json!({"type": "tool_use", "id": sanitize_id(id), "name": name, "input": input})
         }
-        Part::ToolResult { call_id, content, is_error } => {
+        Part::ToolResult {
+            call_id,
+            content,
+            is_error,
+        } => {
             let inner: Vec<Value> = content.iter().filter_map(block_of).collect();
             let content = match inner.as_slice() {
                 [one] if one["type"] == "text" => one["text"].clone(),
@@ -203,24 +322,45 @@ fn block_of(p: &Part) -> Option<Value> {
 }
 
 /// Builds the messages request for an upstream from the IR.
-pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Result<Value, GatewayError> {
+pub fn ir_to_request(
+    r: &ir::Request,
+    upstream_model: &str,
+    model: &Model,
+) -> Result<Value, GatewayError> {
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
-    let mut max_tokens = r.max_tokens.or(model.default_max_tokens.map(u64::from)).unwrap_or(FALLBACK_MAX_TOKENS);
+    let mut max_tokens = r
+        .max_tokens
+        .or(model.default_max_tokens.map(u64::from))
+        .unwrap_or(FALLBACK_MAX_TOKENS);
     let mut messages: Vec<Value> = Vec::new();
     for m in &r.messages {
         let mut content: Vec<Value> = Vec::new();
         // Tool results first in a user turn, as Anthropic requires after tool_use.
         if m.role == Role::User {
-            content.extend(m.content.iter().filter(|p| matches!(p, Part::ToolResult { .. })).filter_map(block_of));
-            content.extend(m.content.iter().filter(|p| !matches!(p, Part::ToolResult { .. })).filter_map(block_of));
+            content.extend(
+                m.content
+                    .iter()
+                    .filter(|p| matches!(p, Part::ToolResult { .. }))
+                    .filter_map(block_of),
+            );
+            content.extend(
+                m.content
+                    .iter()
+                    .filter(|p| !matches!(p, Part::ToolResult { .. }))
+                    .filter_map(block_of),
+            );
         } else {
             content.extend(m.content.iter().filter_map(block_of));
         }
         if content.is_empty() {
             continue;
         }
-        let role = if m.role == Role::User { "user" } else { "assistant" };
+        let role = if m.role == Role::User {
+            "user"
+        } else {
+            "assistant"
+        };
         match messages.last_mut() {
             Some(last) if last["role"] == role => {
                 if let Some(arr) = last["content"].as_array_mut() {
@@ -254,14 +394,20 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
     let thinking_on = r.thinking.as_ref().is_some_and(|t| t.enabled);
     // JSON mode: a forced tool whose input schema is the wanted schema; its input comes back as text.
     let json_schema = match &r.response_format {
-        Some(ir::ResponseFormat::JsonObject) => Some(json!({"type": "object", "additionalProperties": true, "properties": {}})),
+        Some(ir::ResponseFormat::JsonObject) => {
+            Some(json!({"type": "object", "additionalProperties": true, "properties": {}}))
+        }
         Some(ir::ResponseFormat::JsonSchema { schema, .. }) => Some(schema.clone()),
         _ => None,
     };
     if let Some(schema) = json_schema {
         tools.push(json!({"name": JSON_TOOL, "description": "Respond with a JSON object matching the input schema.", "input_schema": schema}));
         // Anthropic refuses forced tool use together with thinking; then the tool is only offered.
-        tool_choice = Some(if thinking_on { json!({"type": "auto"}) } else { json!({"type": "tool", "name": JSON_TOOL}) });
+        tool_choice = Some(if thinking_on {
+            json!({"type": "auto"})
+        } else {
+            json!({"type": "tool", "name": JSON_TOOL})
+        });
     }
     if r.parallel_tool_calls == Some(false) && !tools.is_empty() {
         let tc = tool_choice.get_or_insert_with(|| json!({"type": "auto"}));
@@ -281,7 +427,10 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, model: &Model) -> Re
     }
     if let Some(th) = &r.thinking {
         let v = if th.enabled {
-            let budget = th.budget_tokens.unwrap_or_else(|| effort_to_budget(th.effort.as_deref())).max(1024);
+            let budget = th
+                .budget_tokens
+                .unwrap_or_else(|| effort_to_budget(th.effort.as_deref()))
+                .max(1024);
             // Anthropic wants budget < max_tokens; grow max_tokens rather than shrink the budget.
             if max_tokens <= budget {
                 max_tokens = budget + FALLBACK_MAX_TOKENS.min(budget);
@@ -351,7 +500,10 @@ fn usage_from(u: &Value, into: &mut Usage) {
     if let Some(x) = n("output_tokens") {
         into.output = x;
     }
-    if let Some(x) = u.pointer("/output_tokens_details/thinking_tokens").and_then(Value::as_u64) {
+    if let Some(x) = u
+        .pointer("/output_tokens_details/thinking_tokens")
+        .and_then(Value::as_u64)
+    {
         into.reasoning = x;
     }
 }
@@ -364,13 +516,34 @@ fn usage_json(u: &Usage) -> Value {
 /// Reads a messages upstream's non-streamed reply; `json_mode` turns the JSON tool back into text.
 pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, GatewayError> {
     let mut content = Vec::new();
-    let mut finish = finish_from(v.get("stop_reason").and_then(Value::as_str), v.get("stop_sequence").and_then(Value::as_str));
-    for b in v.get("content").and_then(Value::as_array).into_iter().flatten() {
+    let mut finish = finish_from(
+        v.get("stop_reason").and_then(Value::as_str),
+        v.get("stop_sequence").and_then(Value::as_str),
+    );
+    for b in v
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         match b.get("type").and_then(Value::as_str) {
-            Some("text") => content.push(Part::Text(b.get("text").and_then(Value::as_str).unwrap_or("").to_owned())),
+            Some("text") => content.push(Part::Text(
+                b.get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            )),
             Some("thinking") => content.push(Part::Reasoning(Reasoning {
-                text: b.get("thinking").and_then(Value::as_str).unwrap_or("").to_owned(),
-                signature: b.get("signature").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned),
+                text: b
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                signature: b
+                    .get("signature")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
                 redacted: None,
             })),
             Some("redacted_thinking") => content.push(Part::Reasoning(Reasoning {
@@ -379,7 +552,9 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
             })),
             Some("tool_use") => {
                 let name = b.get("name").and_then(Value::as_str).unwrap_or("");
-                let input = b.get("input").map_or_else(|| "{}".to_owned(), Value::to_string);
+                let input = b
+                    .get("input")
+                    .map_or_else(|| "{}".to_owned(), Value::to_string);
                 if json_mode && name == JSON_TOOL {
                     content.push(Part::Text(input));
                     finish = Finish::EndTurn;
@@ -400,7 +575,11 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
     }
     Ok(ir::Response {
         id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
         created: ir::now_secs(),
         content,
         finish,
@@ -472,8 +651,14 @@ pub fn error_body(e: &ir::ErrorInfo) -> Value {
 pub fn error_from_body(status: u16, v: &Value) -> ir::ErrorInfo {
     ir::ErrorInfo {
         status,
-        message: v.pointer("/error/message").and_then(Value::as_str).map_or_else(|| v.to_string(), str::to_owned),
-        code: v.pointer("/error/type").and_then(Value::as_str).map(str::to_owned),
+        message: v
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .map_or_else(|| v.to_string(), str::to_owned),
+        code: v
+            .pointer("/error/type")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     }
 }
 
@@ -506,15 +691,26 @@ enum BlockKind {
 
 impl StreamDecoder {
     pub fn new(json_mode: bool) -> Self {
-        Self { json_mode, ..Self::default() }
+        Self {
+            json_mode,
+            ..Self::default()
+        }
     }
 
     pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-            out.push(Event::Error(ir::ErrorInfo { status: 502, message: format!("the upstream sent an unreadable event: {:.200}", ev.data), code: None }));
+            out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
+                code: None,
+            }));
             return;
         };
-        let kind = v.get("type").and_then(Value::as_str).or(ev.event.as_deref()).unwrap_or("");
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("");
         match kind {
             "message_start" => {
                 let m = v.get("message").unwrap_or(&Value::Null);
@@ -523,7 +719,11 @@ impl StreamDecoder {
                 }
                 out.push(Event::Start {
                     id: m.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                    model: m.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
+                    model: m
+                        .get("model")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
                     created: ir::now_secs(),
                 });
             }
@@ -532,23 +732,40 @@ impl StreamDecoder {
                 let b = v.get("content_block").unwrap_or(&Value::Null);
                 match b.get("type").and_then(Value::as_str) {
                     Some("tool_use") => {
-                        let name = b.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
+                        let name = b
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned();
                         if self.json_mode && name == JSON_TOOL {
                             self.blocks.push((index, BlockKind::JsonText));
                         } else {
                             let k = self.tools;
                             self.tools += 1;
                             self.blocks.push((index, BlockKind::Tool(k)));
-                            out.push(Event::ToolStart { index: k, id: b.get("id").and_then(Value::as_str).unwrap_or("").to_owned(), name });
+                            out.push(Event::ToolStart {
+                                index: k,
+                                id: b.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                                name,
+                            });
                         }
                     }
                     Some("text") => {
-                        if let Some(t) = b.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                        if let Some(t) = b
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .filter(|t| !t.is_empty())
+                        {
                             out.push(Event::TextDelta(t.to_owned()));
                         }
                     }
                     Some("redacted_thinking") => {
-                        out.push(Event::RedactedReasoning(b.get("data").and_then(Value::as_str).unwrap_or("").to_owned()));
+                        out.push(Event::RedactedReasoning(
+                            b.get("data")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
+                        ));
                     }
                     _ => {}
                 }
@@ -566,8 +783,16 @@ impl StreamDecoder {
                         if frag.is_empty() {
                             return;
                         }
-                        match self.blocks.iter().find(|(i, _)| *i == index).map(|(_, k)| *k) {
-                            Some(BlockKind::Tool(k)) => out.push(Event::ToolArgs { index: k, fragment: frag }),
+                        match self
+                            .blocks
+                            .iter()
+                            .find(|(i, _)| *i == index)
+                            .map(|(_, k)| *k)
+                        {
+                            Some(BlockKind::Tool(k)) => out.push(Event::ToolArgs {
+                                index: k,
+                                fragment: frag,
+                            }),
                             Some(BlockKind::JsonText) => out.push(Event::TextDelta(frag)),
                             None => {}
                         }
@@ -581,8 +806,12 @@ impl StreamDecoder {
                 }
                 let d = v.get("delta").unwrap_or(&Value::Null);
                 if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
-                    let mut f = finish_from(Some(reason), d.get("stop_sequence").and_then(Value::as_str));
-                    if f == Finish::ToolUse && self.tools == 0 && self.blocks.iter().any(|(_, k)| *k == BlockKind::JsonText) {
+                    let mut f =
+                        finish_from(Some(reason), d.get("stop_sequence").and_then(Value::as_str));
+                    if f == Finish::ToolUse
+                        && self.tools == 0
+                        && self.blocks.iter().any(|(_, k)| *k == BlockKind::JsonText)
+                    {
                         f = Finish::EndTurn;
                     }
                     out.push(Event::Finish(f));
@@ -594,7 +823,11 @@ impl StreamDecoder {
                 let e = v.get("error").unwrap_or(&Value::Null);
                 out.push(Event::Error(ir::ErrorInfo {
                     status: status_of_error_type(e.get("type").and_then(Value::as_str)),
-                    message: e.get("message").and_then(Value::as_str).unwrap_or("upstream error").to_owned(),
+                    message: e
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("upstream error")
+                        .to_owned(),
                     code: e.get("type").and_then(Value::as_str).map(str::to_owned),
                 }));
             }
@@ -626,7 +859,15 @@ pub struct StreamEncoder {
 
 impl StreamEncoder {
     pub fn new(client_model: &str) -> Self {
-        Self { model: client_model.to_owned(), started: false, next_block: 0, open: Open::None, finish: None, usage: Usage::default(), done: false }
+        Self {
+            model: client_model.to_owned(),
+            started: false,
+            next_block: 0,
+            open: Open::None,
+            finish: None,
+            usage: Usage::default(),
+            done: false,
+        }
     }
 
     fn start(&mut self, id: &str, out: &mut Vec<u8>) {
@@ -634,7 +875,11 @@ impl StreamEncoder {
             return;
         }
         self.started = true;
-        let id = if id.is_empty() { ir::mint_id("msg_") } else { reprefix(id, "msg_") };
+        let id = if id.is_empty() {
+            ir::mint_id("msg_")
+        } else {
+            reprefix(id, "msg_")
+        };
         let ev = json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
             "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": self.usage.input, "output_tokens": 0}}});
@@ -658,7 +903,8 @@ impl StreamEncoder {
     }
 
     fn delta(&self, delta: Value, out: &mut Vec<u8>) {
-        let ev = json!({"type": "content_block_delta", "index": self.next_block - 1, "delta": delta});
+        let ev =
+            json!({"type": "content_block_delta", "index": self.next_block - 1, "delta": delta});
         sse::write_json_event(out, Some("content_block_delta"), &ev);
     }
 
@@ -673,18 +919,30 @@ impl StreamEncoder {
             Event::Start { id, .. } => self.start(&id, out),
             Event::ReasoningDelta(t) => {
                 if self.open != Open::Thinking {
-                    self.open(Open::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
+                    self.open(
+                        Open::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        out,
+                    );
                 }
                 self.delta(json!({"type": "thinking_delta", "thinking": t}), out);
             }
             Event::ReasoningSignature(sig) => {
                 if self.open != Open::Thinking {
-                    self.open(Open::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
+                    self.open(
+                        Open::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        out,
+                    );
                 }
                 self.delta(json!({"type": "signature_delta", "signature": sig}), out);
             }
             Event::RedactedReasoning(data) => {
-                self.open(Open::Thinking, json!({"type": "redacted_thinking", "data": data}), out);
+                self.open(
+                    Open::Thinking,
+                    json!({"type": "redacted_thinking", "data": data}),
+                    out,
+                );
                 self.close(out);
             }
             Event::TextDelta(t) => {
@@ -694,14 +952,24 @@ impl StreamEncoder {
                 self.delta(json!({"type": "text_delta", "text": t}), out);
             }
             Event::ToolStart { index, id, name } => {
-                self.open(Open::Tool(index), json!({"type": "tool_use", "id": id, "name": name, "input": {}}), out);
+                self.open(
+                    Open::Tool(index),
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    out,
+                );
             }
             Event::ToolArgs { index, fragment } => {
                 if self.open == Open::Tool(index) {
-                    self.delta(json!({"type": "input_json_delta", "partial_json": fragment}), out);
+                    self.delta(
+                        json!({"type": "input_json_delta", "partial_json": fragment}),
+                        out,
+                    );
                 } else {
                     // Anthropic blocks cannot interleave, and a closed block cannot reopen.
-                    tracing::warn!(index, "dropped an argument fragment for a tool call whose block had closed");
+                    tracing::warn!(
+                        index,
+                        "dropped an argument fragment for a tool call whose block had closed"
+                    );
                 }
             }
             Event::Finish(f) => {

@@ -5,7 +5,9 @@ use serde_json::{json, Map, Value};
 use super::common::*;
 use crate::config::{Model, Protocol};
 use crate::error::GatewayError;
-use crate::ir::{self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage};
+use crate::ir::{
+    self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage,
+};
 use crate::sse;
 
 /// Marks an Anthropic thinking signature carried in a reasoning item's `encrypted_content`, so it
@@ -23,22 +25,43 @@ fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, 
             .map(|(i, p)| {
                 let ppath = format!("{path}[{i}]");
                 match p.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => Ok(Part::Text(req_str(p, "text", &format!("{ppath}.text"))?.to_owned())),
-                    Some("refusal") => Ok(Part::Text(req_str(p, "refusal", &format!("{ppath}.refusal"))?.to_owned())),
+                    Some("input_text" | "output_text" | "text") => Ok(Part::Text(
+                        req_str(p, "text", &format!("{ppath}.text"))?.to_owned(),
+                    )),
+                    Some("refusal") => Ok(Part::Text(
+                        req_str(p, "refusal", &format!("{ppath}.refusal"))?.to_owned(),
+                    )),
                     Some("input_image") => {
                         let url = get_str(p, "image_url", &format!("{ppath}.image_url"))?
-                            .ok_or_else(|| unsupported(&format!("{ppath}.file_id"), target.name(), "images must be given by image_url"))?;
+                            .ok_or_else(|| {
+                                unsupported(
+                                    &format!("{ppath}.file_id"),
+                                    target.name(),
+                                    "images must be given by image_url",
+                                )
+                            })?;
                         Ok(Part::Image(Image {
                             source: ImageSource::from_url(url),
-                            detail: get_str(p, "detail", &format!("{ppath}.detail"))?.map(str::to_owned),
+                            detail: get_str(p, "detail", &format!("{ppath}.detail"))?
+                                .map(str::to_owned),
                         }))
                     }
-                    Some(other) => Err(unsupported(&format!("{ppath}.type"), target.name(), &format!("{other:?} parts have no equivalent there"))),
-                    None => Err(GatewayError::invalid(format!("{ppath}.type"), "`type` is required")),
+                    Some(other) => Err(unsupported(
+                        &format!("{ppath}.type"),
+                        target.name(),
+                        &format!("{other:?} parts have no equivalent there"),
+                    )),
+                    None => Err(GatewayError::invalid(
+                        format!("{ppath}.type"),
+                        "`type` is required",
+                    )),
                 }
             })
             .collect(),
-        _ => Err(GatewayError::invalid(path, format!("`{path}` must be a string or an array of parts"))),
+        _ => Err(GatewayError::invalid(
+            path,
+            format!("`{path}` must be a string or an array of parts"),
+        )),
     }
 }
 
@@ -47,54 +70,107 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     as_object(v, "body")?;
     let t = target.name();
     if v.get("previous_response_id").is_some_and(|p| !p.is_null()) {
-        return Err(unsupported("previous_response_id", t, "the gateway keeps no conversation store; send the whole input"));
+        return Err(unsupported(
+            "previous_response_id",
+            t,
+            "the gateway keeps no conversation store; send the whole input",
+        ));
     }
     if v.get("conversation").is_some_and(|p| !p.is_null()) {
-        return Err(unsupported("conversation", t, "the gateway keeps no conversation store; send the whole input"));
+        return Err(unsupported(
+            "conversation",
+            t,
+            "the gateway keeps no conversation store; send the whole input",
+        ));
     }
     let mut r = ir::Request::default();
     if let Some(i) = get_str(v, "instructions", "instructions")? {
         r.system.push(i.to_owned());
     }
     match v.get("input") {
-        None | Some(Value::Null) => return Err(GatewayError::invalid("input", "`input` is required")),
-        Some(Value::String(s)) => super::chat::push(&mut r.messages, Role::User, vec![Part::Text(s.clone())]),
+        None | Some(Value::Null) => {
+            return Err(GatewayError::invalid("input", "`input` is required"))
+        }
+        Some(Value::String(s)) => {
+            super::chat::push(&mut r.messages, Role::User, vec![Part::Text(s.clone())])
+        }
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 let path = format!("input[{i}]");
-                let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+                let kind = item
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message");
                 match kind {
                     "message" => {
                         let content = item.get("content").unwrap_or(&Value::Null);
                         match item.get("role").and_then(Value::as_str) {
                             Some("system" | "developer") => {
-                                let text: Vec<String> = parts_of(content, &format!("{path}.content"), target)?
-                                    .into_iter()
-                                    .filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None })
-                                    .collect();
+                                let text: Vec<String> =
+                                    parts_of(content, &format!("{path}.content"), target)?
+                                        .into_iter()
+                                        .filter_map(|p| {
+                                            if let Part::Text(t) = p {
+                                                Some(t)
+                                            } else {
+                                                None
+                                            }
+                                        })
+                                        .collect();
                                 r.system.push(text.join("\n"));
                             }
-                            Some("user") => super::chat::push(&mut r.messages, Role::User, parts_of(content, &format!("{path}.content"), target)?),
-                            Some("assistant") => super::chat::push(&mut r.messages, Role::Assistant, parts_of(content, &format!("{path}.content"), target)?),
-                            _ => return Err(GatewayError::invalid(format!("{path}.role"), "`role` must be user, assistant, system or developer")),
+                            Some("user") => super::chat::push(
+                                &mut r.messages,
+                                Role::User,
+                                parts_of(content, &format!("{path}.content"), target)?,
+                            ),
+                            Some("assistant") => super::chat::push(
+                                &mut r.messages,
+                                Role::Assistant,
+                                parts_of(content, &format!("{path}.content"), target)?,
+                            ),
+                            _ => {
+                                return Err(GatewayError::invalid(
+                                    format!("{path}.role"),
+                                    "`role` must be user, assistant, system or developer",
+                                ))
+                            }
                         }
                     }
-                    "function_call" => super::chat::push(&mut r.messages, Role::Assistant, vec![Part::ToolCall {
-                        id: req_str(item, "call_id", &format!("{path}.call_id"))?.to_owned(),
-                        name: req_str(item, "name", &format!("{path}.name"))?.to_owned(),
-                        arguments: get_str(item, "arguments", &format!("{path}.arguments"))?.unwrap_or("{}").to_owned(),
-                    }]),
+                    "function_call" => super::chat::push(
+                        &mut r.messages,
+                        Role::Assistant,
+                        vec![Part::ToolCall {
+                            id: req_str(item, "call_id", &format!("{path}.call_id"))?.to_owned(),
+                            name: req_str(item, "name", &format!("{path}.name"))?.to_owned(),
+                            arguments: get_str(item, "arguments", &format!("{path}.arguments"))?
+                                .unwrap_or("{}")
+                                .to_owned(),
+                        }],
+                    ),
                     "function_call_output" => {
                         let content = match item.get("output") {
                             Some(Value::String(s)) => vec![Part::Text(s.clone())],
-                            Some(o @ Value::Array(_)) => parts_of(o, &format!("{path}.output"), target)?,
-                            _ => return Err(GatewayError::invalid(format!("{path}.output"), "`output` is required")),
+                            Some(o @ Value::Array(_)) => {
+                                parts_of(o, &format!("{path}.output"), target)?
+                            }
+                            _ => {
+                                return Err(GatewayError::invalid(
+                                    format!("{path}.output"),
+                                    "`output` is required",
+                                ))
+                            }
                         };
-                        super::chat::push(&mut r.messages, Role::User, vec![Part::ToolResult {
-                            call_id: req_str(item, "call_id", &format!("{path}.call_id"))?.to_owned(),
-                            content,
-                            is_error: false,
-                        }]);
+                        super::chat::push(
+                            &mut r.messages,
+                            Role::User,
+                            vec![Part::ToolResult {
+                                call_id: req_str(item, "call_id", &format!("{path}.call_id"))?
+                                    .to_owned(),
+                                content,
+                                is_error: false,
+                            }],
+                        );
                     }
                     "reasoning" => {
                         let text: Vec<&str> = item
@@ -109,27 +185,57 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                             .and_then(Value::as_str)
                             .and_then(|e| e.strip_prefix(SIG_PREFIX))
                             .map(str::to_owned);
-                        super::chat::push(&mut r.messages, Role::Assistant, vec![Part::Reasoning(Reasoning {
-                            text: text.join("\n"),
-                            signature,
-                            redacted: None,
-                        })]);
+                        super::chat::push(
+                            &mut r.messages,
+                            Role::Assistant,
+                            vec![Part::Reasoning(Reasoning {
+                                text: text.join("\n"),
+                                signature,
+                                redacted: None,
+                            })],
+                        );
                     }
-                    other => return Err(unsupported(&format!("{path}.type"), t, &format!("{other:?} items have no equivalent there"))),
+                    other => {
+                        return Err(unsupported(
+                            &format!("{path}.type"),
+                            t,
+                            &format!("{other:?} items have no equivalent there"),
+                        ))
+                    }
                 }
             }
         }
-        Some(_) => return Err(GatewayError::invalid("input", "`input` must be a string or an array of items")),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "input",
+                "`input` must be a string or an array of items",
+            ))
+        }
     }
-    for (i, tool) in get_array(v, "tools", "tools")?.into_iter().flatten().enumerate() {
+    for (i, tool) in get_array(v, "tools", "tools")?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => r.tools.push(Tool {
                 name: req_str(tool, "name", &format!("tools[{i}].name"))?.to_owned(),
-                description: get_str(tool, "description", &format!("tools[{i}].description"))?.map(str::to_owned),
-                parameters: tool.get("parameters").filter(|p| !p.is_null()).cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                description: get_str(tool, "description", &format!("tools[{i}].description"))?
+                    .map(str::to_owned),
+                parameters: tool
+                    .get("parameters")
+                    .filter(|p| !p.is_null())
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
                 strict: get_bool(tool, "strict", &format!("tools[{i}].strict"))?,
             }),
-            other => return Err(unsupported(&format!("tools[{i}].type"), t, &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")))),
+            other => {
+                return Err(unsupported(
+                    &format!("tools[{i}].type"),
+                    t,
+                    &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")),
+                ))
+            }
         }
     }
     r.tool_choice = match v.get("tool_choice") {
@@ -139,9 +245,18 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             "required" => ToolChoice::Required,
             _ => ToolChoice::Auto,
         }),
-        Some(o) => match (o.get("type").and_then(Value::as_str), o.get("name").and_then(Value::as_str)) {
+        Some(o) => match (
+            o.get("type").and_then(Value::as_str),
+            o.get("name").and_then(Value::as_str),
+        ) {
             (Some("function"), Some(n)) => Some(ToolChoice::Named(n.to_owned())),
-            _ => return Err(unsupported("tool_choice", t, "only none, auto, required or a named function")),
+            _ => {
+                return Err(unsupported(
+                    "tool_choice",
+                    t,
+                    "only none, auto, required or a named function",
+                ))
+            }
         },
     };
     r.parallel_tool_calls = get_bool(v, "parallel_tool_calls", "parallel_tool_calls")?;
@@ -151,16 +266,30 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     r.stream = get_bool(v, "stream", "stream")?.unwrap_or(false);
     r.user = get_str(v, "user", "user")?.map(str::to_owned);
     if let Some(effort) = v.pointer("/reasoning/effort").and_then(Value::as_str) {
-        r.thinking = Some(ir::Thinking { enabled: effort != "none", budget_tokens: None, effort: Some(effort.to_owned()) });
+        r.thinking = Some(ir::Thinking {
+            enabled: effort != "none",
+            budget_tokens: None,
+            effort: Some(effort.to_owned()),
+        });
     }
     r.response_format = match v.pointer("/text/format") {
         None | Some(Value::Null) => None,
         Some(f) => match f.get("type").and_then(Value::as_str) {
             Some("json_object") => Some(ir::ResponseFormat::JsonObject),
             Some("json_schema") => Some(ir::ResponseFormat::JsonSchema {
-                name: f.get("name").and_then(Value::as_str).unwrap_or("response").to_owned(),
-                description: f.get("description").and_then(Value::as_str).map(str::to_owned),
-                schema: f.get("schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
+                name: f
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("response")
+                    .to_owned(),
+                description: f
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                schema: f
+                    .get("schema")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"})),
                 strict: f.get("strict").and_then(Value::as_bool),
             }),
             _ => Some(ir::ResponseFormat::Text),
@@ -171,9 +300,17 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
 
 // === requests: IR → responses upstream ===
 
-pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> Result<Value, GatewayError> {
+pub fn ir_to_request(
+    r: &ir::Request,
+    upstream_model: &str,
+    _model: &Model,
+) -> Result<Value, GatewayError> {
     if !r.stop.is_empty() {
-        return Err(unsupported("stop", "responses", "the Responses API has no stop sequences"));
+        return Err(unsupported(
+            "stop",
+            "responses",
+            "the Responses API has no stop sequences",
+        ));
     }
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
@@ -185,8 +322,14 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> R
         let mut parts = Vec::new();
         let flush = |parts: &mut Vec<Value>, input: &mut Vec<Value>| {
             if !parts.is_empty() {
-                let role = if m.role == Role::User { "user" } else { "assistant" };
-                input.push(json!({"type": "message", "role": role, "content": std::mem::take(parts)}));
+                let role = if m.role == Role::User {
+                    "user"
+                } else {
+                    "assistant"
+                };
+                input.push(
+                    json!({"type": "message", "role": role, "content": std::mem::take(parts)}),
+                );
             }
         };
         for p in &m.content {
@@ -196,19 +339,31 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> R
                 } else {
                     json!({"type": "output_text", "text": t, "annotations": []})
                 }),
-                Part::Image(img) => parts.push(json!({"type": "input_image", "image_url": img.source.to_url(),
-                    "detail": img.detail.clone().unwrap_or_else(|| "auto".into())})),
-                Part::ToolCall { id, name, arguments } => {
+                Part::Image(img) => parts.push(
+                    json!({"type": "input_image", "image_url": img.source.to_url(),
+                    "detail": img.detail.clone().unwrap_or_else(|| "auto".into())}),
+                ),
+                Part::ToolCall {
+                    id,
+                    name,
+                    arguments,
+                } => {
                     flush(&mut parts, &mut input);
                     input.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": arguments}));
                 }
-                Part::ToolResult { call_id, content, is_error } => {
+                Part::ToolResult {
+                    call_id,
+                    content,
+                    is_error,
+                } => {
                     flush(&mut parts, &mut input);
                     let mut text = super::chat::tool_result_text(content);
                     if *is_error {
                         text = format!("Error: {text}");
                     }
-                    input.push(json!({"type": "function_call_output", "call_id": call_id, "output": text}));
+                    input.push(
+                        json!({"type": "function_call_output", "call_id": call_id, "output": text}),
+                    );
                 }
                 // A reasoning item needs OpenAI's own id and encrypted content to mean anything there.
                 Part::Reasoning(_) => {}
@@ -226,12 +381,15 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> R
         out.insert("tools".into(), Value::Array(tools));
     }
     if let Some(tc) = &r.tool_choice {
-        out.insert("tool_choice".into(), match tc {
-            ToolChoice::None => json!("none"),
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::Required => json!("required"),
-            ToolChoice::Named(n) => json!({"type": "function", "name": n}),
-        });
+        out.insert(
+            "tool_choice".into(),
+            match tc {
+                ToolChoice::None => json!("none"),
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Named(n) => json!({"type": "function", "name": n}),
+            },
+        );
     }
     if let Some(p) = r.parallel_tool_calls {
         out.insert("parallel_tool_calls".into(), json!(p));
@@ -247,8 +405,15 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> R
     }
     if let Some(th) = &r.thinking {
         if th.enabled {
-            let effort = th.effort.clone().unwrap_or_else(|| th.budget_tokens.map_or("medium", budget_to_effort).to_owned());
-            out.insert("reasoning".into(), json!({"effort": effort, "summary": "auto"}));
+            let effort = th.effort.clone().unwrap_or_else(|| {
+                th.budget_tokens
+                    .map_or("medium", budget_to_effort)
+                    .to_owned()
+            });
+            out.insert(
+                "reasoning".into(),
+                json!({"effort": effort, "summary": "auto"}),
+            );
         } else if th.effort.is_some() {
             out.insert("reasoning".into(), json!({"effort": th.effort}));
         }
@@ -258,7 +423,12 @@ pub fn ir_to_request(r: &ir::Request, upstream_model: &str, _model: &Model) -> R
         Some(ir::ResponseFormat::JsonObject) => {
             out.insert("text".into(), json!({"format": {"type": "json_object"}}));
         }
-        Some(ir::ResponseFormat::JsonSchema { name, description, schema, strict }) => {
+        Some(ir::ResponseFormat::JsonSchema {
+            name,
+            description,
+            schema,
+            strict,
+        }) => {
             let mut f = json!({"type": "json_schema", "name": name, "schema": schema});
             if let Some(d) = description {
                 f["description"] = json!(d);
@@ -305,8 +475,15 @@ fn finish_from(resp: &Value) -> Finish {
     let has_call = resp
         .get("output")
         .and_then(Value::as_array)
-        .is_some_and(|o| o.iter().any(|i| i.get("type").and_then(Value::as_str) == Some("function_call")));
-    match (resp.get("status").and_then(Value::as_str), resp.pointer("/incomplete_details/reason").and_then(Value::as_str)) {
+        .is_some_and(|o| {
+            o.iter()
+                .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call"))
+        });
+    match (
+        resp.get("status").and_then(Value::as_str),
+        resp.pointer("/incomplete_details/reason")
+            .and_then(Value::as_str),
+    ) {
         (Some("incomplete"), Some("content_filter")) => Finish::ContentFilter,
         (Some("incomplete"), _) => Finish::MaxTokens,
         _ if has_call => Finish::ToolUse,
@@ -319,40 +496,100 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, ir::ErrorInfo> {
     if v.get("status").and_then(Value::as_str) == Some("failed") {
         return Err(ir::ErrorInfo {
             status: 502,
-            message: v.pointer("/error/message").and_then(Value::as_str).unwrap_or("the upstream response failed").to_owned(),
-            code: v.pointer("/error/code").and_then(Value::as_str).map(str::to_owned),
+            message: v
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("the upstream response failed")
+                .to_owned(),
+            code: v
+                .pointer("/error/code")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         });
     }
     let mut content = Vec::new();
-    for item in v.get("output").and_then(Value::as_array).into_iter().flatten() {
+    for item in v
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         match item.get("type").and_then(Value::as_str) {
             Some("reasoning") => {
-                let mut text: Vec<&str> = item.get("summary").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.get("text").and_then(Value::as_str)).collect();
+                let mut text: Vec<&str> = item
+                    .get("summary")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s.get("text").and_then(Value::as_str))
+                    .collect();
                 if text.is_empty() {
-                    text = item.get("content").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.get("text").and_then(Value::as_str)).collect();
+                    text = item
+                        .get("content")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.get("text").and_then(Value::as_str))
+                        .collect();
                 }
-                let signature = item.get("encrypted_content").and_then(Value::as_str).and_then(|e| e.strip_prefix(SIG_PREFIX)).map(str::to_owned);
-                content.push(Part::Reasoning(Reasoning { text: text.join("\n"), signature, redacted: None }));
+                let signature = item
+                    .get("encrypted_content")
+                    .and_then(Value::as_str)
+                    .and_then(|e| e.strip_prefix(SIG_PREFIX))
+                    .map(str::to_owned);
+                content.push(Part::Reasoning(Reasoning {
+                    text: text.join("\n"),
+                    signature,
+                    redacted: None,
+                }));
             }
             Some("message") => {
-                for c in item.get("content").and_then(Value::as_array).into_iter().flatten() {
-                    if let Some(t) = c.get("text").or_else(|| c.get("refusal")).and_then(Value::as_str) {
+                for c in item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(t) = c
+                        .get("text")
+                        .or_else(|| c.get("refusal"))
+                        .and_then(Value::as_str)
+                    {
                         content.push(Part::Text(t.to_owned()));
                     }
                 }
             }
             Some("function_call") => content.push(Part::ToolCall {
-                id: item.get("call_id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                name: item.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
-                arguments: item.get("arguments").and_then(Value::as_str).unwrap_or("").to_owned(),
+                id: item
+                    .get("call_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                name: item
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                arguments: item
+                    .get("arguments")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
             }),
             _ => {}
         }
     }
     Ok(ir::Response {
         id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
-        created: v.get("created_at").and_then(Value::as_u64).unwrap_or_else(ir::now_secs),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        created: v
+            .get("created_at")
+            .and_then(Value::as_u64)
+            .unwrap_or_else(ir::now_secs),
         finish: finish_from(v),
         usage: v.get("usage").map(usage_from).unwrap_or_default(),
         content,
@@ -376,7 +613,10 @@ impl Echo {
         let g = |k: &str| v.get(k).cloned().unwrap_or(Value::Null);
         Self {
             tools: v.get("tools").cloned().unwrap_or_else(|| json!([])),
-            tool_choice: v.get("tool_choice").cloned().unwrap_or_else(|| json!("auto")),
+            tool_choice: v
+                .get("tool_choice")
+                .cloned()
+                .unwrap_or_else(|| json!("auto")),
             parallel_tool_calls: v.get("parallel_tool_calls").cloned().unwrap_or(json!(true)),
             instructions: g("instructions"),
             max_output_tokens: g("max_output_tokens"),
@@ -386,7 +626,17 @@ impl Echo {
     }
 }
 
-fn response_object(id: &str, created: u64, model: &str, status: &str, output: Vec<Value>, finish: Option<&Finish>, usage: Option<&Usage>, echo: &Echo) -> Value {
+/// The identity of a response object: id, creation time, model.
+struct Head<'a>(&'a str, u64, &'a str);
+
+fn response_object(
+    Head(id, created, model): Head<'_>,
+    status: &str,
+    output: Vec<Value>,
+    finish: Option<&Finish>,
+    usage: Option<&Usage>,
+    echo: &Echo,
+) -> Value {
     let incomplete = match (status, finish) {
         ("incomplete", Some(Finish::ContentFilter)) => json!({"reason": "content_filter"}),
         ("incomplete", _) => json!({"reason": "max_output_tokens"}),
@@ -410,7 +660,11 @@ fn status_of(f: &Finish) -> &'static str {
 }
 
 fn reasoning_item(id: &str, text: &str, signature: Option<&str>) -> Value {
-    let summary = if text.is_empty() { json!([]) } else { json!([{"type": "summary_text", "text": text}]) };
+    let summary = if text.is_empty() {
+        json!([])
+    } else {
+        json!([{"type": "summary_text", "text": text}])
+    };
     let mut item = json!({"type": "reasoning", "id": id, "summary": summary});
     if let Some(sig) = signature {
         item["encrypted_content"] = json!(format!("{SIG_PREFIX}{sig}"));
@@ -442,17 +696,38 @@ pub fn ir_to_response(r: &ir::Response, client_model: &str, echo: &Echo) -> Valu
             Part::Text(t) => text.push_str(t),
             Part::Reasoning(rs) => {
                 flush(&mut text, &mut output);
-                output.push(reasoning_item(&ir::mint_id("rs_"), &rs.text, rs.signature.as_deref()));
+                output.push(reasoning_item(
+                    &ir::mint_id("rs_"),
+                    &rs.text,
+                    rs.signature.as_deref(),
+                ));
             }
-            Part::ToolCall { id, name, arguments } => {
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => {
                 flush(&mut text, &mut output);
-                output.push(call_item(&ir::mint_id("fc_"), id, name, arguments, "completed"));
+                output.push(call_item(
+                    &ir::mint_id("fc_"),
+                    id,
+                    name,
+                    arguments,
+                    "completed",
+                ));
             }
             _ => {}
         }
     }
     flush(&mut text, &mut output);
-    response_object(&reprefix(&r.id, "resp_"), r.created, client_model, status_of(&r.finish), output, Some(&r.finish), Some(&r.usage), echo)
+    response_object(
+        Head(&reprefix(&r.id, "resp_"), r.created, client_model),
+        status_of(&r.finish),
+        output,
+        Some(&r.finish),
+        Some(&r.usage),
+        echo,
+    )
 }
 
 // === errors ===
@@ -475,7 +750,11 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     fn call_started(&mut self, item: &Value, out: &mut Vec<Event>) -> usize {
-        let item_id = item.get("id").and_then(Value::as_str).unwrap_or("").to_owned();
+        let item_id = item
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
         if let Some((_, k, _)) = self.calls.iter().find(|(id, _, _)| *id == item_id) {
             return *k;
         }
@@ -483,8 +762,16 @@ impl StreamDecoder {
         self.calls.push((item_id, k, false));
         out.push(Event::ToolStart {
             index: k,
-            id: item.get("call_id").and_then(Value::as_str).unwrap_or("").to_owned(),
-            name: item.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
+            id: item
+                .get("call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            name: item
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
         });
         k
     }
@@ -494,18 +781,33 @@ impl StreamDecoder {
             return; // some proxies append it; the terminal event already ended the stream
         }
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-            out.push(Event::Error(ir::ErrorInfo { status: 502, message: format!("the upstream sent an unreadable event: {:.200}", ev.data), code: None }));
+            out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
+                code: None,
+            }));
             return;
         };
-        let kind = v.get("type").and_then(Value::as_str).or(ev.event.as_deref()).unwrap_or("");
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("");
         let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         match kind {
             "response.created" => {
                 let r = v.get("response").unwrap_or(&Value::Null);
                 out.push(Event::Start {
                     id: r.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                    model: r.get("model").and_then(Value::as_str).unwrap_or("").to_owned(),
-                    created: r.get("created_at").and_then(Value::as_u64).unwrap_or_else(ir::now_secs),
+                    model: r
+                        .get("model")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    created: r
+                        .get("created_at")
+                        .and_then(Value::as_u64)
+                        .unwrap_or_else(ir::now_secs),
                 });
             }
             "response.output_item.added" => {
@@ -514,14 +816,21 @@ impl StreamDecoder {
                     self.call_started(item, out);
                 }
             }
-            "response.output_text.delta" | "response.refusal.delta" => out.push(Event::TextDelta(s("delta"))),
-            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => out.push(Event::ReasoningDelta(s("delta"))),
+            "response.output_text.delta" | "response.refusal.delta" => {
+                out.push(Event::TextDelta(s("delta")))
+            }
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                out.push(Event::ReasoningDelta(s("delta")))
+            }
             "response.function_call_arguments.delta" => {
                 let item_id = s("item_id");
                 if let Some(c) = self.calls.iter_mut().find(|(id, _, _)| *id == item_id) {
                     c.2 = true;
                     let index = c.1;
-                    out.push(Event::ToolArgs { index, fragment: s("delta") });
+                    out.push(Event::ToolArgs {
+                        index,
+                        fragment: s("delta"),
+                    });
                 }
             }
             "response.function_call_arguments.done" | "response.output_item.done" => {
@@ -535,7 +844,10 @@ impl StreamDecoder {
                     let args = item.get("arguments").and_then(Value::as_str).unwrap_or("");
                     if !c.2 && !args.is_empty() {
                         c.2 = true;
-                        out.push(Event::ToolArgs { index: k, fragment: args.to_owned() });
+                        out.push(Event::ToolArgs {
+                            index: k,
+                            fragment: args.to_owned(),
+                        });
                     }
                 }
             }
@@ -551,13 +863,24 @@ impl StreamDecoder {
                 let r = v.get("response").unwrap_or(&Value::Null);
                 out.push(Event::Error(ir::ErrorInfo {
                     status: 502,
-                    message: r.pointer("/error/message").and_then(Value::as_str).unwrap_or("the upstream response failed").to_owned(),
-                    code: r.pointer("/error/code").and_then(Value::as_str).map(str::to_owned),
+                    message: r
+                        .pointer("/error/message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("the upstream response failed")
+                        .to_owned(),
+                    code: r
+                        .pointer("/error/code")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
                 }));
             }
             "error" => out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
-                message: v.get("message").and_then(Value::as_str).unwrap_or("upstream error").to_owned(),
+                message: v
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("upstream error")
+                    .to_owned(),
                 code: v.get("code").and_then(Value::as_str).map(str::to_owned),
             })),
             _ => {}
@@ -569,9 +892,22 @@ impl StreamDecoder {
 
 #[derive(Debug)]
 enum OpenItem {
-    Reasoning { id: String, text: String, signature: Option<String> },
-    Message { id: String, text: String },
-    Call { id: String, call_id: String, name: String, args: String, tool: usize },
+    Reasoning {
+        id: String,
+        text: String,
+        signature: Option<String>,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        args: String,
+        tool: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -591,8 +927,19 @@ pub struct StreamEncoder {
 
 impl StreamEncoder {
     pub fn new(client_model: &str, echo: Echo) -> Self {
-        Self { id: ir::mint_id("resp_"), model: client_model.to_owned(), created: ir::now_secs(), echo, seq: 0,
-            started: false, open: None, output: Vec::new(), finish: None, usage: None, done: false }
+        Self {
+            id: ir::mint_id("resp_"),
+            model: client_model.to_owned(),
+            created: ir::now_secs(),
+            echo,
+            seq: 0,
+            started: false,
+            open: None,
+            output: Vec::new(),
+            finish: None,
+            usage: None,
+            done: false,
+        }
     }
 
     fn emit(&mut self, out: &mut Vec<u8>, kind: &str, mut payload: Value) {
@@ -604,8 +951,18 @@ impl StreamEncoder {
 
     fn object(&self, status: &str) -> Value {
         let done = status != "in_progress";
-        response_object(&self.id, self.created, &self.model, status, if done { self.output.clone() } else { Vec::new() },
-            self.finish.as_ref(), if done { self.usage.as_ref() } else { None }, &self.echo)
+        response_object(
+            Head(&self.id, self.created, &self.model),
+            status,
+            if done {
+                self.output.clone()
+            } else {
+                Vec::new()
+            },
+            self.finish.as_ref(),
+            if done { self.usage.as_ref() } else { None },
+            &self.echo,
+        )
     }
 
     fn start(&mut self, out: &mut Vec<u8>) {
@@ -622,7 +979,11 @@ impl StreamEncoder {
         let Some(item) = self.open.take() else { return };
         let output_index = self.output.len();
         let done = match item {
-            OpenItem::Reasoning { id, text, signature } => {
+            OpenItem::Reasoning {
+                id,
+                text,
+                signature,
+            } => {
                 self.emit(out, "response.reasoning_summary_text.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "text": text}));
                 self.emit(out, "response.reasoning_summary_part.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": text}}));
                 reasoning_item(&id, &text, signature.as_deref())
@@ -632,12 +993,22 @@ impl StreamEncoder {
                 self.emit(out, "response.content_part.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
                 message_item(&id, &text, "completed")
             }
-            OpenItem::Call { id, call_id, name, args, .. } => {
+            OpenItem::Call {
+                id,
+                call_id,
+                name,
+                args,
+                ..
+            } => {
                 self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
                 call_item(&id, &call_id, &name, &args, "completed")
             }
         };
-        self.emit(out, "response.output_item.done", json!({"output_index": output_index, "item": done}));
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": output_index, "item": done}),
+        );
         self.output.push(done);
     }
 
@@ -664,7 +1035,11 @@ impl StreamEncoder {
                     let output_index = self.output.len();
                     self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "reasoning", "id": id, "summary": []}}));
                     self.emit(out, "response.reasoning_summary_part.added", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}));
-                    self.open = Some(OpenItem::Reasoning { id, text: String::new(), signature: None });
+                    self.open = Some(OpenItem::Reasoning {
+                        id,
+                        text: String::new(),
+                        signature: None,
+                    });
                 }
                 if let Some(OpenItem::Reasoning { id, text, .. }) = &mut self.open {
                     text.push_str(&t);
@@ -685,7 +1060,10 @@ impl StreamEncoder {
                     let output_index = self.output.len();
                     self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}));
                     self.emit(out, "response.content_part.added", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
-                    self.open = Some(OpenItem::Message { id, text: String::new() });
+                    self.open = Some(OpenItem::Message {
+                        id,
+                        text: String::new(),
+                    });
                 }
                 if let Some(OpenItem::Message { id, text }) = &mut self.open {
                     text.push_str(&t);
@@ -693,20 +1071,37 @@ impl StreamEncoder {
                     self.emit(out, "response.output_text.delta", json!({"item_id": id, "output_index": self.output.len(), "content_index": 0, "delta": t, "logprobs": []}));
                 }
             }
-            Event::ToolStart { index, id: call_id, name } => {
+            Event::ToolStart {
+                index,
+                id: call_id,
+                name,
+            } => {
                 self.close(out);
                 let id = ir::mint_id("fc_");
                 let output_index = self.output.len();
                 self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": call_item(&id, &call_id, &name, "", "in_progress")}));
-                self.open = Some(OpenItem::Call { id, call_id, name, args: String::new(), tool: index });
+                self.open = Some(OpenItem::Call {
+                    id,
+                    call_id,
+                    name,
+                    args: String::new(),
+                    tool: index,
+                });
             }
             Event::ToolArgs { index, fragment } => match &mut self.open {
                 Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
                     args.push_str(&fragment);
                     let id = id.clone();
-                    self.emit(out, "response.function_call_arguments.delta", json!({"item_id": id, "output_index": output_index, "delta": fragment}));
+                    self.emit(
+                        out,
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": output_index, "delta": fragment}),
+                    );
                 }
-                _ => tracing::warn!(index, "dropped an argument fragment for a function call item that had closed"),
+                _ => tracing::warn!(
+                    index,
+                    "dropped an argument fragment for a function call item that had closed"
+                ),
             },
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),
@@ -715,7 +1110,11 @@ impl StreamEncoder {
                 let f = self.finish.clone().unwrap_or_default();
                 let status = status_of(&f);
                 let r = self.object(status);
-                let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
+                let kind = if status == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
                 self.emit(out, kind, json!({"response": r}));
                 self.done = true;
             }

@@ -1,5 +1,12 @@
 //! Shared test harness: the gateway in-process on port 0, fake upstreams that are real HTTP servers on loopback, and a client.
 #![allow(dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -48,7 +55,11 @@ impl TestGateway {
     }
 
     pub fn url(&self, address: Address, path: &str) -> String {
-        format!("http://{}{}", self.running.addr(address).expect("listener"), path)
+        format!(
+            "http://{}{}",
+            self.running.addr(address).expect("listener"),
+            path
+        )
     }
 
     pub fn base(&self, path: &str) -> String {
@@ -183,7 +194,7 @@ pub struct FakeUpstream {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Receives one message each time a response body is dropped before its end
     /// (the gateway went away) or a hanging request is abandoned.
-    pub cancelled: Mutex<mpsc::UnboundedReceiver<()>>,
+    pub cancelled: tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>,
 }
 
 impl FakeUpstream {
@@ -196,7 +207,9 @@ impl FakeUpstream {
         let seen2 = seen.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 stream.set_nodelay(true).unwrap();
                 let handler = handler.clone();
                 let seen = seen2.clone();
@@ -208,7 +221,11 @@ impl FakeUpstream {
                         let cancel_tx = cancel_tx.clone();
                         async move {
                             let (parts, body) = req.into_parts();
-                            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
                             let s = Seen {
                                 method: parts.method.to_string(),
                                 uri: parts.uri.to_string(),
@@ -228,7 +245,7 @@ impl FakeUpstream {
         Self {
             addr,
             seen,
-            cancelled: Mutex::new(cancel_rx),
+            cancelled: tokio::sync::Mutex::new(cancel_rx),
         }
     }
 
@@ -246,8 +263,7 @@ impl FakeUpstream {
 
     /// Waits until the upstream has noticed a client going away.
     pub async fn wait_cancelled(&self, within: Duration) -> bool {
-        let mut rx = self.cancelled.lock().unwrap();
-        // Holding a std mutex across the await is fine: only one test task uses it.
+        let mut rx = self.cancelled.lock().await;
         let fut = rx.recv();
         matches!(tokio::time::timeout(within, fut).await, Ok(Some(())))
     }
@@ -391,7 +407,12 @@ pub fn chat_body(model: &str) -> serde_json::Value {
 }
 
 /// Asserts an OpenAI-shaped error with `status` and `param`.
-pub fn assert_openai_error(status: u16, body: &serde_json::Value, want_status: u16, want_param: Option<&str>) {
+pub fn assert_openai_error(
+    status: u16,
+    body: &serde_json::Value,
+    want_status: u16,
+    want_param: Option<&str>,
+) {
     assert_eq!(status, want_status, "body: {body}");
     let err = &body["error"];
     assert!(err["message"].is_string(), "no error.message in {body}");
@@ -400,4 +421,3 @@ pub fn assert_openai_error(status: u16, body: &serde_json::Value, want_status: u
         assert_eq!(err["param"], p, "body: {body}");
     }
 }
-
