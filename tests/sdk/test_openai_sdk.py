@@ -1,0 +1,449 @@
+"""The official OpenAI Python SDK driving the real `modelgate` binary.
+
+Two processes are started once per session:
+
+* `modelgate mock --listen 127.0.0.1:0`: the mock upstream on its own port, so the gateway's
+  real HTTP client path (pooling, streaming, re-framing) is exercised;
+* `modelgate serve --config <tmp>/modelgate.toml`: the gateway, with one model on the built-in
+  in-process mock (`kind = "mock"`) and one on the standalone mock over HTTP (`kind = "chat"`).
+
+Every chat case runs against both models. Bound ports are read from each process's log on
+stderr. The binary is $MODELGATE_BIN, else target/debug/modelgate (built by `cargo build`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 30.0
+KEY = "sk-sdk-test"
+LIMITED_KEY = "sk-sdk-limited"
+# The standalone mock pauses this long between streamed chunks, so a stream through it is
+# visibly spread out in time (and a buffering gateway would be caught).
+HTTP_MOCK_CHUNK_DELAY_MS = 25
+
+INPROC_MODEL = "inproc-chat"  # upstream kind "mock": inside the gateway
+HTTP_MODEL = "http-chat"  # upstream kind "chat": the standalone mock over loopback HTTP
+UPSTREAM_MODEL = "echo-1"
+CHAT_MODELS = [
+    pytest.param(INPROC_MODEL, id="inprocess-mock"),
+    pytest.param(HTTP_MODEL, id="http-mock"),
+]
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MOCK_LINE = re.compile(r"mock upstream listening on (http://\S+/v1)")
+LISTEN_LINE = re.compile(r'listening on (https?)://(\S+) listener="?([a-z_]+)"?')
+
+
+def binary() -> Path:
+    path = Path(os.environ.get("MODELGATE_BIN", REPO / "target" / "debug" / "modelgate"))
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.is_file():
+        pytest.fail(
+            f"modelgate binary not found at {path}: run `cargo build` or set MODELGATE_BIN",
+            pytrace=False,
+        )
+    return path
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def log_text(self) -> str:
+        return ANSI.sub("", self.log.read_text(errors="replace"))
+
+    def wait_for(self, pattern: re.Pattern, count: int = 1) -> list[re.Match]:
+        """Polls the stderr log until `pattern` matched `count` lines; fails on exit or timeout."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            found = [m for m in map(pattern.search, self.log_text().splitlines()) if m]
+            if len(found) >= count:
+                return found
+            code = self.popen.poll()
+            if code is not None:
+                pytest.fail(
+                    f"{self.name} exited with {code} before logging {pattern.pattern!r}:\n"
+                    f"{self.log_text()}",
+                    pytrace=False,
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{self.name} did not log {pattern.pattern!r} within {STARTUP_TIMEOUT_S}s:\n"
+                    f"{self.log_text()}",
+                    pytrace=False,
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+
+def start(name: str, args: list[str], workdir: Path) -> Proc:
+    """Starts the binary with stderr going to a file (a file never fills up and blocks the child)."""
+    log = workdir / f"{name}.stderr.log"
+    env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+    env.pop("MODELGATE_CONFIG", None)
+    with open(log, "wb") as err, open(workdir / f"{name}.stdout.log", "wb") as out:
+        popen = subprocess.Popen(
+            [str(binary()), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            cwd=workdir,
+            env=env,
+        )
+    return Proc(name, popen, log)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("modelgate-sdk")
+
+
+@pytest.fixture(scope="session")
+def mock_upstream(workdir: Path) -> Iterator[str]:
+    """The standalone mock; yields its base URL (`http://127.0.0.1:PORT/v1`)."""
+    proc = start(
+        "mock",
+        ["mock", "--listen", "127.0.0.1:0", "--chunk-delay-ms", str(HTTP_MOCK_CHUNK_DELAY_MS)],
+        workdir,
+    )
+    try:
+        yield proc.wait_for(MOCK_LINE)[0].group(1)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(workdir: Path, mock_upstream: str) -> Iterator[str]:
+    """The gateway; yields the base address's OpenAI base URL (`http://127.0.0.1:PORT/v1`)."""
+    config = workdir / "modelgate.toml"
+    config.write_text(
+        f"""\
+[listen]
+base = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[[keys]]
+name = "sdk"
+key = "{KEY}"
+models = ["*"]
+
+[[keys]]
+name = "limited"
+key = "{LIMITED_KEY}"
+models = ["{INPROC_MODEL}"]
+
+[[upstreams]]
+name = "inproc"
+kind = "mock"
+
+[[upstreams]]
+name = "standalone"
+kind = "chat"
+base_url = "{mock_upstream}"
+
+[[models]]
+name = "{INPROC_MODEL}"
+upstream = "inproc"
+upstream_model = "{UPSTREAM_MODEL}"
+
+[[models]]
+name = "{HTTP_MODEL}"
+upstream = "standalone"
+upstream_model = "{UPSTREAM_MODEL}"
+"""
+    )
+    proc = start("gateway", ["serve", "--config", str(config)], workdir)
+    try:
+        listeners = {m.group(3): m for m in proc.wait_for(LISTEN_LINE, count=2)}
+        assert set(listeners) == {"base", "admin"}, proc.log_text()
+        scheme, addr = listeners["base"].group(1), listeners["base"].group(2)
+        yield f"{scheme}://{addr}/v1"
+    finally:
+        proc.stop()
+
+
+def make_client(base_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key=key,
+        max_retries=0,  # an error must surface as the gateway sent it, not after retries
+        timeout=20.0,
+        http_client=openai.DefaultHttpxClient(trust_env=False),  # no proxy for loopback
+    )
+
+
+@pytest.fixture
+def client(gateway: str) -> Iterator[openai.OpenAI]:
+    with make_client(gateway, KEY) as c:
+        yield c
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat completions, each against both upstream setups
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_chat_completion_json(client: openai.OpenAI, model: str) -> None:
+    prompt = "Hello there, gateway"
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": prompt},
+        ],
+    )
+    assert completion.object == "chat.completion"
+    assert completion.id
+    assert len(completion.choices) == 1
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.role == "assistant"
+    assert choice.message.content == f"You said: {prompt}"
+    assert not choice.message.tool_calls
+    usage = completion.usage
+    assert usage is not None
+    assert usage.completion_tokens == len(f"You said: {prompt}".split())
+    assert usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_chat_completion_max_tokens_cuts_the_reply(client: openai.OpenAI, model: str) -> None:
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "one two three four five six"}],
+        max_tokens=3,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.content == "You said: one "
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_chat_completion_stream(client: openai.OpenAI, model: str) -> None:
+    prompt = "Tell me about streams in small pieces"
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text = ""
+    content_chunks = 0
+    finish_reasons = []
+    usages = []
+    ids = set()
+    for chunk in stream:
+        assert chunk.object == "chat.completion.chunk"
+        ids.add(chunk.id)
+        if chunk.usage is not None:
+            # With include_usage, usage comes in one last chunk whose choices are empty.
+            assert chunk.choices == []
+            usages.append(chunk.usage)
+        for choice in chunk.choices:
+            assert choice.index == 0
+            if choice.delta.content:
+                text += choice.delta.content
+                content_chunks += 1
+            if choice.finish_reason is not None:
+                finish_reasons.append(choice.finish_reason)
+    expected = f"You said: {prompt}"
+    assert text == expected
+    assert content_chunks > 1, "the reply arrived in one piece, not streamed"
+    assert finish_reasons == ["stop"]
+    assert len(ids) == 1
+    assert len(usages) == 1, "usage did not arrive (stream_options.include_usage)"
+    usage = usages[0]
+    assert usage.completion_tokens == len(expected.split())
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TOOL_PROMPT = "What is the weather in Paris? Use the get_weather tool."
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_tool_call(client: openai.OpenAI, model: str) -> None:
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": TOOL_PROMPT}],
+        tools=[WEATHER_TOOL],
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    call = calls[0]
+    assert call.type == "function"
+    assert call.id
+    assert call.function.name == "get_weather"
+    assert isinstance(call.function.arguments, str)
+    args = json.loads(call.function.arguments)
+    assert isinstance(args, dict)
+    assert isinstance(args.get("city"), str)
+    assert args.get("unit") in ("celsius", "fahrenheit")
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_tool_call_stream(client: openai.OpenAI, model: str) -> None:
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": TOOL_PROMPT}],
+        tools=[WEATHER_TOOL],
+        stream=True,
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish_reasons = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                if delta.id:
+                    call["id"] = delta.id
+                if delta.function and delta.function.name:
+                    call["name"] += delta.function.name
+                if delta.function and delta.function.arguments:
+                    call["arguments"] += delta.function.arguments
+            if choice.finish_reason is not None:
+                finish_reasons.append(choice.finish_reason)
+    assert finish_reasons == ["tool_calls"]
+    assert list(calls) == [0]
+    assert calls[0]["id"]
+    assert calls[0]["name"] == "get_weather"
+    assert isinstance(json.loads(calls[0]["arguments"])["city"], str)
+
+
+def test_stream_over_http_arrives_as_it_is_produced(client: openai.OpenAI) -> None:
+    """The standalone mock pauses between chunks; the gateway must forward each one at once."""
+    prompt = "one two three four five six seven eight"
+    stream = client.chat.completions.create(
+        model=HTTP_MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        stream=True,
+    )
+    arrivals = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    assert len(arrivals) == len(f"You said: {prompt}".split())
+    spread = arrivals[-1] - arrivals[0]
+    minimum = (len(arrivals) - 1) * HTTP_MOCK_CHUNK_DELAY_MS / 1000
+    # A lower bound only: the upstream cannot produce faster, and a gateway that buffered the
+    # body would hand all chunks over at once (spread near zero). Half, for timer slack.
+    assert spread >= minimum / 2, f"chunks spread over {spread:.3f}s, expected about {minimum:.3f}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, as the SDK's exception classes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_invalid_temperature_is_bad_request(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            temperature=5,
+        )
+    err = caught.value
+    assert err.status_code == 400
+    assert err.param == "temperature"
+    assert isinstance(err.body, dict)  # the SDK unwraps {"error": {...}}
+    assert err.body["param"] == "temperature"
+    assert err.body["type"] == "invalid_request_error"
+    assert "temperature" in err.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_unknown_model_is_not_found(client: openai.OpenAI, stream: bool) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(
+            model="no-such-model",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=stream,
+        )
+    err = caught.value
+    assert err.status_code == 404
+    assert err.code == "model_not_found"
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_bad_key_is_authentication_error(gateway: str, model: str) -> None:
+    with make_client(gateway, "sk-wrong") as bad:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            bad.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+
+
+def test_model_not_allowed_for_key_is_permission_denied(gateway: str) -> None:
+    with make_client(gateway, LIMITED_KEY) as limited:
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            limited.chat.completions.create(
+                model=HTTP_MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert caught.value.status_code == 403
+        # The model it may use still works.
+        ok = limited.chat.completions.create(
+            model=INPROC_MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert ok.choices[0].message.content == "You said: hi"
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    models = list(client.models.list())
+    assert sorted(m.id for m in models) == sorted([INPROC_MODEL, HTTP_MODEL])
+    for m in models:
+        assert m.object == "model"
+        assert isinstance(m.created, int)
+        assert m.owned_by
+
+
+def test_models_list_shows_only_the_keys_models(gateway: str) -> None:
+    with make_client(gateway, LIMITED_KEY) as limited:
+        assert [m.id for m in limited.models.list()] == [INPROC_MODEL]
