@@ -855,8 +855,12 @@ impl StreamEncoder {
     }
 
     fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
-        let c = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+        let mut c = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
+        // With include_usage, every chunk before the usage chunk carries `usage: null` (A.5 rule 5).
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
         sse::write_json_event(out, None, &c);
     }
 
