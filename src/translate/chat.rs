@@ -99,10 +99,8 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         ));
     }
     let mut r = ir::Request::default();
-    let messages = get_array(v, "messages", "messages")?
-        .cloned()
-        .unwrap_or_default();
-    for (i, m) in messages.iter().enumerate() {
+    let messages = get_array(v, "messages", "messages")?;
+    for (i, m) in messages.into_iter().flatten().enumerate() {
         let path = format!("messages[{i}]");
         let content = m.get("content").unwrap_or(&Value::Null);
         match m.get("role").and_then(Value::as_str) {
