@@ -198,6 +198,11 @@ impl GatewayError {
         *resp.status_mut() = self.status();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if self.kind == ErrorKind::Unauthorized {
+            // RFC 9110 §11.6.1: a 401 names the scheme the client should use.
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(allow) = self.allow {
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -21,8 +21,27 @@ const ROLES: &str = "system, developer, user, assistant, tool";
 fn wrong_type(param: &str, expected: Expected, raw: &RawValue) -> GatewayError {
     GatewayError::invalid(
         param,
-        format!("`{param}` must be {expected}; got {}", json::type_name(raw)),
+        format!("`{param}` must be {expected}; got {}", describe(raw)),
     )
+}
+
+/// A wrong value for a message: its JSON type, or for the values that are of the right type
+/// but still unreadable, what is wrong with them ("must be a number; got a number" helps no one).
+fn describe(raw: &RawValue) -> String {
+    match json::type_name(raw) {
+        "a string" if json::as_str(raw).is_err() => {
+            "a lone surrogate escape (not valid Unicode)".to_owned()
+        }
+        "a number" => {
+            let text = raw.get();
+            if text.len() <= 40 {
+                text.to_owned()
+            } else {
+                format!("{}…", &text[..40])
+            }
+        }
+        other => other.to_owned(),
+    }
 }
 
 fn typed<'r, T>(
@@ -33,35 +52,51 @@ fn typed<'r, T>(
     f(raw).map_err(|e| wrong_type(param, e, raw))
 }
 
+/// A number in [lo, hi]; a number too large for a float (`1e999`) is out of range, not a wrong type.
 fn number_in(obj: &RawObject, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, GatewayError> {
     let Some(raw) = obj.get_present(key) else {
         return Ok(None);
     };
-    let v = typed(key, raw, json::as_f64)?;
-    if !(lo..=hi).contains(&v) {
-        return Err(GatewayError::invalid(
+    let out_of_range = |got: &str| {
+        GatewayError::invalid(
             key,
-            format!("`{key}` must be between {lo} and {hi}; got {v}"),
-        ));
+            format!("`{key}` must be between {lo} and {hi}; got {got}"),
+        )
+    };
+    let v = match json::as_f64(raw) {
+        Ok(v) => v,
+        Err(_) if json::type_name(raw) == "a number" => return Err(out_of_range(&describe(raw))),
+        Err(e) => return Err(wrong_type(key, e, raw)),
+    };
+    if !(lo..=hi).contains(&v) {
+        return Err(out_of_range(&v.to_string()));
     }
     Ok(Some(v))
 }
 
+/// An integer in [lo, hi]; `1.5`, `2.0` and integers beyond i64 are refused with the range named.
 fn int_in(obj: &RawObject, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, GatewayError> {
     let Some(raw) = obj.get_present(key) else {
         return Ok(None);
     };
-    let v = typed(key, raw, json::as_i64)?;
-    if !(lo..=hi).contains(&v) {
-        let range = if hi == i64::MAX {
-            format!("at least {lo}")
-        } else {
-            format!("between {lo} and {hi}")
-        };
-        return Err(GatewayError::invalid(
+    let range = if hi == i64::MAX {
+        format!("at least {lo}")
+    } else {
+        format!("between {lo} and {hi}")
+    };
+    let refuse = |got: &str| {
+        GatewayError::invalid(
             key,
-            format!("`{key}` must be an integer {range}; got {v}"),
-        ));
+            format!("`{key}` must be an integer {range}; got {got}"),
+        )
+    };
+    let v = match json::as_i64(raw) {
+        Ok(v) => v,
+        Err(_) if json::type_name(raw) == "a number" => return Err(refuse(&describe(raw))),
+        Err(e) => return Err(wrong_type(key, e, raw)),
+    };
+    if !(lo..=hi).contains(&v) {
+        return Err(refuse(&v.to_string()));
     }
     Ok(Some(v))
 }
@@ -152,7 +187,7 @@ fn stop(obj: &RawObject) -> Result<(), GatewayError> {
             "stop",
             format!(
                 "`stop` must be a string or an array of at most 4 strings; got {}",
-                json::type_name(raw)
+                describe(raw)
             ),
         )
     })?;
@@ -208,6 +243,9 @@ fn response_format(obj: &RawObject) -> Result<(), GatewayError> {
                     "response_format.json_schema.name",
                     "`response_format.json_schema.name` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
                 ));
+            }
+            if let Some(s) = schema.get_present("schema") {
+                typed("response_format.json_schema.schema", s, json::as_object)?;
             }
             Ok(())
         }
@@ -295,7 +333,7 @@ fn tool_choice(obj: &RawObject) -> Result<(), GatewayError> {
             "tool_choice",
             format!(
                 "`tool_choice` must be a string or an object; got {}",
-                json::type_name(raw)
+                describe(raw)
             ),
         )
     })?;
@@ -303,20 +341,25 @@ fn tool_choice(obj: &RawObject) -> Result<(), GatewayError> {
         .get_present("type")
         .ok_or_else(|| GatewayError::invalid("tool_choice.type", "`tool_choice.type` is required"))
         .and_then(|r| typed("tool_choice.type", r, json::as_str))?;
-    if kind == "function" {
-        let name = choice
-            .get_present("function")
-            .and_then(|f| json::as_object(f).ok())
-            .and_then(|f| {
-                f.get_present("name")
-                    .and_then(|n| json::as_str(n).ok().map(|n| n.into_owned()))
-            });
-        if name.is_none() {
-            return Err(GatewayError::invalid(
-                "tool_choice.function.name",
-                "`tool_choice.function.name` is required when `tool_choice.type` is \"function\"",
-            ));
-        }
+    // Tools are functions only, so a choice of any other kind names nothing the model was offered.
+    if kind != "function" {
+        return Err(GatewayError::invalid(
+            "tool_choice.type",
+            format!("`tool_choice.type` must be \"function\" (the only supported tool kind); got {kind:?}"),
+        ));
+    }
+    let name = choice
+        .get_present("function")
+        .and_then(|f| json::as_object(f).ok())
+        .and_then(|f| {
+            f.get_present("name")
+                .and_then(|n| json::as_str(n).ok().map(|n| n.into_owned()))
+        });
+    if name.is_none() {
+        return Err(GatewayError::invalid(
+            "tool_choice.function.name",
+            "`tool_choice.function.name` is required when `tool_choice.type` is \"function\"",
+        ));
     }
     Ok(())
 }
@@ -372,7 +415,7 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
                             &cpath,
                             format!(
                                 "`{cpath}` must be a string or an array of parts; got {}",
-                                json::type_name(content)
+                                describe(content)
                             ),
                         )
                     })?;
@@ -470,7 +513,7 @@ fn content_part(
             if !model.vision {
                 return Err(GatewayError::invalid(
                     path,
-                    format!("the model {client_model:?} does not accept image input; send text parts only"),
+                    format!("`{path}`: the model {client_model:?} does not accept image input; send text parts only"),
                 ));
             }
             let ipath = format!("{path}.image_url");
