@@ -72,7 +72,8 @@ impl StreamGuard {
                 crate::sse::write_json_event(&mut out, Some("error"), &body);
             }
             Self::Responses => {
-                let body = serde_json::json!({"type": "error", "code": "upstream_error", "message": err.message, "param": null, "sequence_number": 0});
+                let body = serde_json::json!({"type": "error", "code": "upstream_error", "message": err.message, "param": null, "sequence_number": 0,
+                    "error": {"type": "upstream_error", "code": "upstream_error", "message": err.message}});
                 crate::sse::write_json_event(&mut out, Some("error"), &body);
             }
         }

@@ -128,6 +128,7 @@ fn check(path: PathBuf) -> ExitCode {
 }
 
 async fn serve(path: PathBuf) -> ExitCode {
+    let signal = shutdown_signal();
     let config = match Config::load(&path) {
         Ok(c) => c,
         Err(errors) => {
@@ -171,7 +172,7 @@ async fn serve(path: PathBuf) -> ExitCode {
         }
     }
     print_try_it(&config, &running, scheme);
-    wait_for_signal().await;
+    signal.await;
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
     running.shutdown(SHUTDOWN_DEADLINE).await;
     tracing::info!("stopped");
@@ -206,25 +207,33 @@ fn print_try_it(config: &Config, running: &server::RunningGateway, scheme: &str)
     );
 }
 
-async fn wait_for_signal() {
+/// SIGINT or SIGTERM, with the handlers installed when this is called (not when first awaited),
+/// so a signal that arrives right after the listeners are up is not lost.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -247,7 +256,7 @@ async fn run_mock(listen: String, delay: Duration) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
-        _ = wait_for_signal() => {}
+        _ = shutdown_signal() => {}
     }
     ExitCode::SUCCESS
 }

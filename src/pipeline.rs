@@ -441,7 +441,7 @@ pub(crate) async fn read_body(
 
 /// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.
 fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Response<Body> {
-    let mut ids: Vec<&str> = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
     for m in gw.models.all() {
         if !m.addresses.contains(address)
             || (address == Address::TokenPlan && !m.endpoints.contains(Protocol::Chat))
@@ -450,18 +450,27 @@ fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Respons
         }
         for p in &principal.models {
             if p.covers(&m.pattern) {
-                ids.push(&m.name);
+                ids.push(m.name.clone());
                 break;
             }
-            // A key limited to an exact name that a pattern entry serves sees that name.
-            if let NamePattern::Exact(n) = p {
-                if m.pattern.matches(n)
-                    && gw
-                        .models
-                        .resolve(n, address)
-                        .is_ok_and(|r| Arc::ptr_eq(r, m))
+            // A key narrower than a pattern entry sees its own slice of it: an exact name it
+            // may use (`gpt-4o` inside `gpt-*`), or its narrower pattern (`gpt-4*`).
+            let narrower = match (p, &m.pattern) {
+                (NamePattern::Exact(n), _) if m.pattern.matches(n) => Some(n.clone()),
+                (NamePattern::Prefix(k), NamePattern::Prefix(e)) if k.starts_with(e.as_str()) => {
+                    Some(format!("{k}*"))
+                }
+                (NamePattern::Prefix(k), NamePattern::Any) => Some(format!("{k}*")),
+                _ => None,
+            };
+            if let Some(id) = narrower {
+                let probe = id.trim_end_matches('*');
+                if gw
+                    .models
+                    .resolve(probe, address)
+                    .is_ok_and(|r| Arc::ptr_eq(r, m))
                 {
-                    ids.push(n);
+                    ids.push(id);
                 }
             }
         }

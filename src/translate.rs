@@ -388,14 +388,16 @@ where
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
-                    let status = match e.downcast_ref::<GatewayError>() {
-                        Some(g) => g.status().as_u16(),
-                        None => 502,
+                    // The idle timer and transport errors arrive as gateway errors that already
+                    // say what broke; anything else is described here.
+                    let (status, message) = match e.downcast_ref::<GatewayError>() {
+                        Some(g) => (g.status().as_u16(), g.message.clone()),
+                        None => (502, format!("the upstream stream broke: {e}")),
                     };
                     this.state.fail(
                         ir::ErrorInfo {
                             status,
-                            message: format!("the upstream stream broke: {e}"),
+                            message,
                             code: None,
                         },
                         &mut out,

@@ -210,6 +210,14 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     r.top_p = get_f64_in(v, "top_p", 0.0, 1.0)?;
     r.top_k = get_u64(v, "top_k", 0)?;
     r.stop = string_list(v, "stop_sequences")?;
+    // Refused here so the 400 names the field this client sent, not the IR's `stop`.
+    if target == Protocol::Responses && !r.stop.is_empty() {
+        return Err(unsupported(
+            "stop_sequences",
+            target.name(),
+            "the Responses API has no stop sequences",
+        ));
+    }
     r.stream = get_bool(v, "stream", "stream")?.unwrap_or(false);
     r.user = v
         .pointer("/metadata/user_id")

@@ -466,7 +466,12 @@ fn usage_from(u: &Value) -> Usage {
 }
 
 fn usage_json(u: &Usage) -> Value {
-    json!({"input_tokens": u.prompt_total(), "input_tokens_details": {"cached_tokens": u.cache_read},
+    let mut details = json!({"cached_tokens": u.cache_read});
+    // Cache writes are counted in `input_tokens`; the newest SDK also names them (C.3), as chat does.
+    if u.cache_write > 0 {
+        details["cache_write_tokens"] = json!(u.cache_write);
+    }
+    json!({"input_tokens": u.prompt_total(), "input_tokens_details": details,
         "output_tokens": u.output, "output_tokens_details": {"reasoning_tokens": u.reasoning},
         "total_tokens": u.prompt_total() + u.output})
 }
@@ -606,6 +611,8 @@ pub struct Echo {
     pub max_output_tokens: Value,
     pub temperature: Value,
     pub top_p: Value,
+    /// `{effort, summary}` as the client asked (C.3 echoes the request's `reasoning`).
+    pub reasoning: Value,
 }
 
 impl Echo {
@@ -622,6 +629,10 @@ impl Echo {
             max_output_tokens: g("max_output_tokens"),
             temperature: g("temperature"),
             top_p: g("top_p"),
+            reasoning: json!({
+                "effort": v.pointer("/reasoning/effort").cloned().unwrap_or(Value::Null),
+                "summary": v.pointer("/reasoning/summary").cloned().unwrap_or(Value::Null),
+            }),
         }
     }
 }
@@ -646,7 +657,7 @@ fn response_object(
         "id": id, "object": "response", "created_at": created, "status": status, "error": null,
         "incomplete_details": incomplete, "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens,
         "model": model, "output": output, "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": null,
-        "reasoning": {"effort": null, "summary": null}, "store": false, "temperature": echo.temperature,
+        "reasoning": echo.reasoning, "store": false, "temperature": echo.temperature,
         "text": {"format": {"type": "text"}}, "tool_choice": echo.tool_choice, "tools": echo.tools, "top_p": echo.top_p,
         "truncation": "disabled", "usage": usage.map(usage_json), "metadata": {},
     })
@@ -720,9 +731,16 @@ pub fn ir_to_response(r: &ir::Response, client_model: &str, echo: &Echo) -> Valu
         }
     }
     flush(&mut text, &mut output);
+    let status = status_of(&r.finish);
+    // The item the model was writing when it was cut off is itself incomplete.
+    if status == "incomplete" {
+        if let Some(last) = output.last_mut().filter(|i| i.get("status").is_some()) {
+            last["status"] = json!("incomplete");
+        }
+    }
     response_object(
         Head(&reprefix(&r.id, "resp_"), r.created, client_model),
-        status_of(&r.finish),
+        status,
         output,
         Some(&r.finish),
         Some(&r.usage),
@@ -976,6 +994,11 @@ impl StreamEncoder {
     }
 
     fn close(&mut self, out: &mut Vec<u8>) {
+        self.close_as(out, "completed");
+    }
+
+    /// Closes the open item with `status` (`incomplete` for the item a truncated reply ends in).
+    fn close_as(&mut self, out: &mut Vec<u8>, status: &str) {
         let Some(item) = self.open.take() else { return };
         let output_index = self.output.len();
         let done = match item {
@@ -991,7 +1014,7 @@ impl StreamEncoder {
             OpenItem::Message { id, text } => {
                 self.emit(out, "response.output_text.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []}));
                 self.emit(out, "response.content_part.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
-                message_item(&id, &text, "completed")
+                message_item(&id, &text, status)
             }
             OpenItem::Call {
                 id,
@@ -1001,7 +1024,7 @@ impl StreamEncoder {
                 ..
             } => {
                 self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
-                call_item(&id, &call_id, &name, &args, "completed")
+                call_item(&id, &call_id, &name, &args, status)
             }
         };
         self.emit(
@@ -1106,9 +1129,9 @@ impl StreamEncoder {
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),
             Event::End => {
-                self.close(out);
                 let f = self.finish.clone().unwrap_or_default();
                 let status = status_of(&f);
+                self.close_as(out, status);
                 let r = self.object(status);
                 let kind = if status == "completed" {
                     "response.completed"
@@ -1122,8 +1145,17 @@ impl StreamEncoder {
                 self.start(out);
                 let mut r = self.object("failed");
                 r["error"] = json!({"code": e.code.clone().unwrap_or_else(|| "server_error".into()), "message": e.message});
+                // `response.failed` is terminal, so nothing may follow it (protocols.md §0).
+                let code = e.code.clone().unwrap_or_else(|| "server_error".into());
+                // The nested `error` object is what the OpenAI SDKs raise on mid-stream; the flat
+                // fields are the Responses `error` event's own shape.
+                self.emit(
+                    out,
+                    "error",
+                    json!({"code": code, "message": e.message, "param": null,
+                        "error": {"type": "server_error", "code": code, "message": e.message}}),
+                );
                 self.emit(out, "response.failed", json!({"response": r}));
-                self.emit(out, "error", json!({"code": e.code.clone().unwrap_or_else(|| "server_error".into()), "message": e.message, "param": null}));
                 self.done = true;
             }
         }
