@@ -182,3 +182,210 @@ async fn http2_client_gets_the_same_answer() {
         json!({"h2": "ok"})
     );
 }
+
+/// A config whose model "am" goes to a messages upstream and "ar" to a responses upstream.
+fn same_protocol_config(url: &str) -> String {
+    config(
+        url,
+        r#"
+[[upstreams]]
+name = "anthropic"
+kind = "messages"
+base_url = "{UPSTREAM}/v1"
+api_key_env = "UPSTREAM_KEY"
+headers = { "anthropic-version" = "2023-06-01", "anthropic-beta" = "config-beta" }
+
+[[upstreams]]
+name = "openai"
+kind = "responses"
+base_url = "{UPSTREAM}/v1"
+api_key_env = "UPSTREAM_KEY"
+
+[[models]]
+name = "am"
+upstream = "anthropic"
+upstream_model = "claude-real"
+
+[[models]]
+name = "ar"
+upstream = "openai"
+"#,
+    )
+}
+
+#[tokio::test]
+async fn messages_passthrough_renames_model_and_keeps_anthropic_headers() {
+    let reply = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-real",
+        "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": 3, "output_tokens": 1}, "vendor": {"x": 1}});
+    let r2 = reply.clone();
+    let up = FakeUpstream::start(move |_| Reply::json(200, r2.clone())).await;
+    let gw = TestGateway::start(&same_protocol_config(&up.url())).await;
+    let body = json!({"model": "am", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+        "cache_me": {"type": "ephemeral"}});
+    // An older-SDK style client: x-api-key, its own version and beta headers.
+    let resp = client()
+        .post(gw.base("/v1/messages"))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-01-01")
+        .header("anthropic-beta", "client-beta")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), reply);
+    let seen = up.last();
+    assert_eq!(seen.uri, "/v1/messages");
+    assert_eq!(
+        seen.headers["x-api-key"], "up-secret",
+        "the upstream's own key, not the client's"
+    );
+    assert!(seen.headers.get("authorization").is_none());
+    assert_eq!(
+        seen.headers["anthropic-version"], "2023-01-01",
+        "the client's version wins"
+    );
+    assert_eq!(seen.headers["anthropic-beta"], "client-beta");
+    let sent = seen.json();
+    assert_eq!(sent["model"], "claude-real");
+    assert_eq!(sent["cache_me"], body["cache_me"]);
+
+    // Without client headers, the config's defaults are sent.
+    let resp = client()
+        .post(gw.base("/v1/messages"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = up.last();
+    assert_eq!(seen.headers["anthropic-version"], "2023-06-01");
+    assert_eq!(seen.headers["anthropic-beta"], "config-beta");
+}
+
+#[tokio::test]
+async fn messages_passthrough_refuses_missing_max_tokens_in_anthropic_shape() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
+    let gw = TestGateway::start(&same_protocol_config(&up.url())).await;
+    let (status, _, v) = post_json(
+        &gw.base("/v1/messages"),
+        json!({"model": "am", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens"));
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn messages_stream_passthrough_is_untouched_and_a_break_becomes_an_error_event() {
+    let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-real\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\n";
+    let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let clean = format!("{events}{stop}");
+    let clean2 = clean.clone();
+    let up = FakeUpstream::start(move |seen| {
+        if seen.json()["max_tokens"] == 1 {
+            Reply::sse(vec![(Duration::ZERO, events)])
+        } else {
+            Reply::sse(vec![(Duration::ZERO, clean2.as_str())])
+        }
+    })
+    .await;
+    let gw = TestGateway::start(&same_protocol_config(&up.url())).await;
+    let body = |max: u32| json!({"model": "am", "max_tokens": max, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let text = client()
+        .post(gw.base("/v1/messages"))
+        .bearer_auth(KEY)
+        .json(&body(5))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(text, clean, "a clean stream passes byte for byte");
+    let text = client()
+        .post(gw.base("/v1/messages"))
+        .bearer_auth(KEY)
+        .json(&body(1))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with(events));
+    let tail = &text[events.len()..];
+    assert!(tail.starts_with("event: error\ndata: "), "{tail}");
+    assert!(tail.contains("\"type\":\"api_error\""), "{tail}");
+}
+
+#[tokio::test]
+async fn responses_passthrough_and_stream_break() {
+    let created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"output\":[]}}\n\n";
+    let completed = "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"output\":[]}}\n\n";
+    let clean = format!("{created}{completed}");
+    let clean2 = clean.clone();
+    let up = FakeUpstream::start(move |seen| match seen.json()["stream"].as_bool() {
+        Some(true) if seen.json()["input"] == "break" => {
+            Reply::sse(vec![(Duration::ZERO, created)])
+        }
+        Some(true) => Reply::sse(vec![(Duration::ZERO, clean2.as_str())]),
+        _ => Reply::json(
+            200,
+            json!({"id": "resp_1", "object": "response", "status": "completed", "output": []}),
+        ),
+    })
+    .await;
+    let gw = TestGateway::start(&same_protocol_config(&up.url())).await;
+    let (status, _, v) = post_json(
+        &gw.base("/v1/responses"),
+        json!({"model": "ar", "input": "hi", "unknown": [1]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["id"], "resp_1");
+    let seen = up.last();
+    assert_eq!(seen.uri, "/v1/responses");
+    assert_eq!(seen.headers["authorization"], "Bearer up-secret");
+    assert_eq!(seen.json()["unknown"], json!([1]));
+
+    let stream = |input: &str| json!({"model": "ar", "input": input, "stream": true});
+    let text = client()
+        .post(gw.base("/v1/responses"))
+        .bearer_auth(KEY)
+        .json(&stream("ok"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(text, clean);
+    let text = client()
+        .post(gw.base("/v1/responses"))
+        .bearer_auth(KEY)
+        .json(&stream("break"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with(created));
+    assert!(
+        text[created.len()..].starts_with("event: error\ndata: "),
+        "{text}"
+    );
+
+    let (status, _, v) = post_json(&gw.base("/v1/responses"), json!({"model": "ar"})).await;
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "input");
+}
