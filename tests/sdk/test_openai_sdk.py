@@ -4,34 +4,28 @@ Two processes are started once per session:
 
 * `modelgate mock --listen 127.0.0.1:0`: the mock upstream on its own port, so the gateway's
   real HTTP client path (pooling, streaming, re-framing) is exercised;
-* `modelgate serve --config <tmp>/modelgate.toml`: the gateway, with one model on the built-in
+* `modelgate serve --config <tmp>/gateway.toml`: the gateway, with one model on the built-in
   in-process mock (`kind = "mock"`) and one on the standalone mock over HTTP (`kind = "chat"`).
 
 Every chat case runs against both models. Bound ports are read from each process's log on
 stderr. The binary is $MODELGATE_BIN, else target/debug/modelgate (built by `cargo build`).
+Process helpers are in harness.py, shared fixtures in conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import openai
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 30.0
+from harness import HTTP_MOCK_CHUNK_DELAY_MS, start_gateway
+
 KEY = "sk-sdk-test"
 LIMITED_KEY = "sk-sdk-limited"
-# The standalone mock pauses this long between streamed chunks, so a stream through it is
-# visibly spread out in time (and a buffering gateway would be caught).
-HTTP_MOCK_CHUNK_DELAY_MS = 25
 
 INPROC_MODEL = "inproc-chat"  # upstream kind "mock": inside the gateway
 HTTP_MODEL = "http-chat"  # upstream kind "chat": the standalone mock over loopback HTTP
@@ -41,105 +35,13 @@ CHAT_MODELS = [
     pytest.param(HTTP_MODEL, id="http-mock"),
 ]
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-MOCK_LINE = re.compile(r"mock upstream listening on (http://\S+/v1)")
-LISTEN_LINE = re.compile(r'listening on (https?)://(\S+) listener="?([a-z_]+)"?')
-
-
-def binary() -> Path:
-    path = Path(os.environ.get("MODELGATE_BIN", REPO / "target" / "debug" / "modelgate"))
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    if not path.is_file():
-        pytest.fail(
-            f"modelgate binary not found at {path}: run `cargo build` or set MODELGATE_BIN",
-            pytrace=False,
-        )
-    return path
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def log_text(self) -> str:
-        return ANSI.sub("", self.log.read_text(errors="replace"))
-
-    def wait_for(self, pattern: re.Pattern, count: int = 1) -> list[re.Match]:
-        """Polls the stderr log until `pattern` matched `count` lines; fails on exit or timeout."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            found = [m for m in map(pattern.search, self.log_text().splitlines()) if m]
-            if len(found) >= count:
-                return found
-            code = self.popen.poll()
-            if code is not None:
-                pytest.fail(
-                    f"{self.name} exited with {code} before logging {pattern.pattern!r}:\n"
-                    f"{self.log_text()}",
-                    pytrace=False,
-                )
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"{self.name} did not log {pattern.pattern!r} within {STARTUP_TIMEOUT_S}s:\n"
-                    f"{self.log_text()}",
-                    pytrace=False,
-                )
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=5)
-
-
-def start(name: str, args: list[str], workdir: Path) -> Proc:
-    """Starts the binary with stderr going to a file (a file never fills up and blocks the child)."""
-    log = workdir / f"{name}.stderr.log"
-    env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
-    env.pop("MODELGATE_CONFIG", None)
-    with open(log, "wb") as err, open(workdir / f"{name}.stdout.log", "wb") as out:
-        popen = subprocess.Popen(
-            [str(binary()), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            cwd=workdir,
-            env=env,
-        )
-    return Proc(name, popen, log)
-
-
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("modelgate-sdk")
-
-
-@pytest.fixture(scope="session")
-def mock_upstream(workdir: Path) -> Iterator[str]:
-    """The standalone mock; yields its base URL (`http://127.0.0.1:PORT/v1`)."""
-    proc = start(
-        "mock",
-        ["mock", "--listen", "127.0.0.1:0", "--chunk-delay-ms", str(HTTP_MOCK_CHUNK_DELAY_MS)],
-        workdir,
-    )
-    try:
-        yield proc.wait_for(MOCK_LINE)[0].group(1)
-    finally:
-        proc.stop()
-
 
 @pytest.fixture(scope="session")
 def gateway(workdir: Path, mock_upstream: str) -> Iterator[str]:
     """The gateway; yields the base address's OpenAI base URL (`http://127.0.0.1:PORT/v1`)."""
-    config = workdir / "modelgate.toml"
-    config.write_text(
+    proc, listeners = start_gateway(
+        "gateway",
+        workdir,
         f"""\
 [listen]
 base = "127.0.0.1:0"
@@ -173,14 +75,11 @@ upstream_model = "{UPSTREAM_MODEL}"
 name = "{HTTP_MODEL}"
 upstream = "standalone"
 upstream_model = "{UPSTREAM_MODEL}"
-"""
+""",
+        listeners={"base", "admin"},
     )
-    proc = start("gateway", ["serve", "--config", str(config)], workdir)
     try:
-        listeners = {m.group(3): m for m in proc.wait_for(LISTEN_LINE, count=2)}
-        assert set(listeners) == {"base", "admin"}, proc.log_text()
-        scheme, addr = listeners["base"].group(1), listeners["base"].group(2)
-        yield f"{scheme}://{addr}/v1"
+        yield f"{listeners['base']}/v1"
     finally:
         proc.stop()
 
