@@ -353,6 +353,8 @@ pub struct VideoSettings {
     pub public_url: Option<String>,
     pub file_url_ttl: Duration,
     pub status_cache: Duration,
+    /// Root of the Cloud Storage JSON API that `gs://` results are downloaded from.
+    pub gcs_api_url: String,
 }
 
 /// The validated configuration.
@@ -429,6 +431,7 @@ struct RawVideo {
     public_url: Option<String>,
     file_url_ttl_s: Option<u64>,
     status_cache_ms: Option<u64>,
+    gcs_api_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -786,12 +789,24 @@ fn validate_video(
             errors.push("video.public_url", e);
         }
     }
+    if let Some(url) = &raw.gcs_api_url {
+        if let Err(e) = BaseUrl::parse(url) {
+            errors.push("video.gcs_api_url", e);
+        }
+    }
+    if raw.file_url_ttl_s == Some(0) {
+        errors.push("video.file_url_ttl_s", "must be greater than 0");
+    }
     VideoSettings {
         task_secrets,
         task_secrets_env,
         public_url: raw.public_url.map(|u| u.trim_end_matches('/').to_owned()),
         file_url_ttl: Duration::from_secs(raw.file_url_ttl_s.unwrap_or(86_400)),
         status_cache: Duration::from_millis(raw.status_cache_ms.unwrap_or(1_000)),
+        gcs_api_url: raw.gcs_api_url.map_or_else(
+            || "https://storage.googleapis.com".to_owned(),
+            |u| u.trim_end_matches('/').to_owned(),
+        ),
     }
 }
 

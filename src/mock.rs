@@ -651,6 +651,10 @@ async fn standalone_request(
     req: Request<hyper::body::Incoming>,
     chunk_delay: Duration,
 ) -> Response<Body> {
+    // The video interface (create, lookup, file) is the video module's; it serves the mock's side too.
+    if crate::video::mock::is_video_path(req.uri().path()) {
+        return crate::video::mock::standalone(req).await;
+    }
     let protocol = match req.uri().path() {
         "/v1/chat/completions" => Protocol::Chat,
         "/v1/messages" => Protocol::Messages,

@@ -267,6 +267,9 @@ pub struct StreamTranslator {
     encoder: StreamEncoder,
     events: Vec<SseEvent>,
     ir: Vec<Event>,
+    /// Present when the client protocol needs tool calls one after another (messages, responses).
+    sequencer: Option<ToolSequencer>,
+    sequenced: Vec<Event>,
     /// The upstream ended cleanly or with an error event; nothing more will be written.
     ended: bool,
 }
@@ -279,6 +282,8 @@ impl StreamTranslator {
             encoder: t.stream_encoder(),
             events: Vec::new(),
             ir: Vec::new(),
+            sequencer: (t.client != Protocol::Chat).then(ToolSequencer::default),
+            sequenced: Vec::new(),
             ended: false,
         }
     }
@@ -323,7 +328,16 @@ impl StreamTranslator {
                 break;
             }
             self.decoder.decode(&ev, &mut self.ir);
-            for e in self.ir.drain(..) {
+            let events = match &mut self.sequencer {
+                Some(seq) => {
+                    for e in self.ir.drain(..) {
+                        seq.push(e, &mut self.sequenced);
+                    }
+                    &mut self.sequenced
+                }
+                None => &mut self.ir,
+            };
+            for e in events.drain(..) {
                 if self.ended {
                     break;
                 }
@@ -333,6 +347,65 @@ impl StreamTranslator {
             }
         }
         self.events.clear();
+    }
+}
+
+/// Puts interleaved tool calls one after another for protocols whose blocks cannot interleave.
+///
+/// Chat upstreams may send every call's start first and then their argument fragments
+/// interleaved. The first call streams as it arrives; a call started while the open one has no
+/// arguments yet is held, with its fragments, and written whole at the next non-tool event. A
+/// call started after the open one has arguments is the sequential case and streams at once.
+#[derive(Debug, Default)]
+pub struct ToolSequencer {
+    /// The call being streamed, and whether it has had an argument fragment yet.
+    open: Option<(usize, bool)>,
+    /// Calls held back: start event and their buffered arguments, in start order.
+    held: Vec<(Event, usize, String)>,
+}
+
+impl ToolSequencer {
+    pub fn push(&mut self, e: Event, out: &mut Vec<Event>) {
+        match e {
+            Event::ToolStart { index, .. } => match self.open {
+                Some((_, false)) => self.held.push((e, index, String::new())),
+                _ if !self.held.is_empty() => self.held.push((e, index, String::new())),
+                _ => {
+                    self.open = Some((index, false));
+                    out.push(e);
+                }
+            },
+            Event::ToolArgs { index, fragment } => {
+                if let Some((_, _, buf)) = self.held.iter_mut().find(|(_, i, _)| *i == index) {
+                    buf.push_str(&fragment);
+                    return;
+                }
+                if let Some((open, has)) = &mut self.open {
+                    if *open == index {
+                        *has = true;
+                    }
+                }
+                out.push(Event::ToolArgs { index, fragment });
+            }
+            Event::Error(_) => out.push(e),
+            other => {
+                self.flush(out);
+                out.push(other);
+            }
+        }
+    }
+
+    fn flush(&mut self, out: &mut Vec<Event>) {
+        for (start, index, args) in self.held.drain(..) {
+            out.push(start);
+            if !args.is_empty() {
+                out.push(Event::ToolArgs {
+                    index,
+                    fragment: args,
+                });
+            }
+            self.open = Some((index, true));
+        }
     }
 }
 
@@ -440,3 +513,6 @@ where
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -169,6 +169,17 @@ pub fn build_request(
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
     let mut headers = forwardable(client_headers, &CLIENT_ONLY);
+    if upstream.kind != UpstreamKind::Messages {
+        // Anthropic's version and beta headers mean nothing to (or confuse) other protocols.
+        let anthropic: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("anthropic-"))
+            .cloned()
+            .collect();
+        for name in anthropic {
+            headers.remove(name);
+        }
+    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -212,4 +223,50 @@ pub fn build_request(
 /// Response headers from an upstream that may go on to the client.
 pub fn response_headers(from: &HeaderMap) -> HeaderMap {
     forwardable(from, &["content-length"])
+}
+
+/// Builds a request the gateway makes on its own (a video task poll, a file download): no client
+/// headers; a JSON body when given; the upstream's credential and extra headers unless
+/// `credential` is false (a redirect that leaves the upstream's origin must not carry them).
+pub fn build_call(
+    upstream: &Upstream,
+    method: Method,
+    uri: Uri,
+    request_id: &HeaderValue,
+    body: Option<Bytes>,
+    credential: bool,
+) -> Result<Request<Full<Bytes>>, GatewayError> {
+    let mut headers = HeaderMap::new();
+    if body.is_some() {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
+    if credential {
+        if let Some(cred) = &upstream.credential {
+            let name = match upstream.kind {
+                UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
+                UpstreamKind::VeoGemini => HeaderName::from_static("x-goog-api-key"),
+                _ => header::AUTHORIZATION,
+            };
+            headers.insert(name, cred.header_value().clone());
+        }
+        for (name, value) in &upstream.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Full::new(body.unwrap_or_default()))
+        .map_err(|e| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                format!("building upstream request: {e}"),
+            )
+        })?;
+    *req.headers_mut() = headers;
+    Ok(req)
 }

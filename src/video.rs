@@ -1,34 +1,450 @@
-//! Video generation and task lookup on the video address (not enabled yet: every path answers 404 in the video envelope).
+//! Video generation and task lookup on the video address: create, look up (GET or POST), download; stateless tasks in front of native, Veo and mock upstreams.
+//!
+//! ```text
+//! POST /v1/video/generations   key → body → model (route, key scope) → request rules → upstream start → signed task id
+//! GET|POST /v1/tasks/{taskId}  key → verify id for this key → cache (one upstream poll per task at a time) → answer
+//! GET /v1/files/{fileId}       verify id and expiry → stream from the upstream with its credential
+//! ```
+//!
+//! `request` checks the body, `token` signs ids, `native`, `veo` and `mock` speak to the upstream
+//! kinds (`mock` also serves the interface for `modelgate mock`), `task` is the state they report, `download` and `inline` stream files, `call` holds
+//! what every upstream call shares. Every error is a `GatewayError`, rendered by the pipeline in
+//! the `{code,msg,data:null}` envelope.
 
-use http::{HeaderValue, Request, Response};
+mod call;
+mod download;
+mod inline;
+pub mod mock;
+mod native;
+pub mod request;
+mod task;
+mod token;
+mod veo;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
+use moka::future::Cache;
+use moka::Expiry;
+use serde::Serialize;
 
-use crate::body::Body;
-use crate::config::Config;
-use crate::error::{ErrorKind, GatewayError};
-use crate::pipeline::Gateway;
+use crate::body::{self, Body};
+use crate::config::{Address, Config, Upstream, UpstreamKind};
+use crate::error::{ErrorKind, ErrorShape, GatewayError};
+use crate::json::RawObject;
+use crate::pipeline::{read_body, Gateway};
+use call::Failure;
+use task::{Outcome, TaskStatus, Video};
+use token::{FileToken, Signer, TaskToken};
+
+/// Finished tasks kept by the lookup cache; each entry is a few hundred bytes.
+const CACHE_ENTRIES: u64 = 10_000;
+
+static TASK_ID: HeaderName = HeaderName::from_static("taskid");
+static TASK_STATUS: HeaderName = HeaderName::from_static("taskstatus");
+
+/// Keeps a finished task's answer until evicted by count; an unfinished one for `status_cache`.
+struct TaskExpiry {
+    status_cache: Duration,
+}
+
+impl Expiry<String, Arc<Outcome>> for TaskExpiry {
+    fn expire_after_create(
+        &self,
+        _: &String,
+        value: &Arc<Outcome>,
+        _: Instant,
+    ) -> Option<Duration> {
+        (!value.status.is_final()).then_some(self.status_cache)
+    }
+}
 
 /// State of the video endpoints, built once from the config.
-pub struct VideoService {}
+pub struct VideoService {
+    signer: Signer,
+    /// Task id → what its last upstream poll learned.
+    cache: Cache<String, Arc<Outcome>>,
+    upstreams: HashMap<String, Arc<Upstream>>,
+    public_url: Option<String>,
+    /// The scheme of the video listener, for URLs built from a request's `Host`.
+    scheme: &'static str,
+    listen: Option<String>,
+    file_ttl: Duration,
+    gcs_api_url: String,
+}
 
 impl VideoService {
-    pub fn new(_config: &Config) -> Self {
-        Self {}
+    pub fn new(config: &Config) -> Self {
+        let v = &config.video;
+        let upstreams = config
+            .upstreams
+            .iter()
+            .filter(|u| u.kind.is_video() || u.kind == UpstreamKind::Mock)
+            .map(|u| (u.name.clone(), u.clone()))
+            .collect();
+        let cache = Cache::builder()
+            .max_capacity(CACHE_ENTRIES)
+            .expire_after(TaskExpiry {
+                status_cache: v.status_cache,
+            })
+            .build();
+        Self {
+            signer: Signer::new(&v.task_secrets, &v.task_secrets_env),
+            cache,
+            upstreams,
+            public_url: v.public_url.clone(),
+            scheme: if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            listen: config.listen.video.map(|a| a.to_string()),
+            file_ttl: v.file_url_ttl,
+            gcs_api_url: v.gcs_api_url.clone(),
+        }
     }
 
     /// Serves one request on the video address; errors are rendered in the video envelope by the pipeline.
     pub async fn handle(
         &self,
-        _gw: &Gateway,
+        gw: &Gateway,
         req: Request<Incoming>,
-        _request_id: &HeaderValue,
+        request_id: &HeaderValue,
     ) -> Result<Response<Body>, GatewayError> {
-        Err(GatewayError::new(
-            ErrorKind::NotFound,
-            format!(
-                "no such path: {}; video generation is not enabled on this gateway yet",
-                req.uri().path()
-            ),
-        ))
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        let result = if path == "/v1/video/generations" {
+            if method != Method::POST {
+                return Err(GatewayError::method_not_allowed("POST"));
+            }
+            self.create(gw, req, request_id).await
+        } else if let Some(id) = path.strip_prefix("/v1/tasks/") {
+            if method != Method::GET && method != Method::POST {
+                return Err(GatewayError::method_not_allowed("GET, POST"));
+            }
+            self.lookup(gw, &req, id, request_id).await
+        } else if let Some(id) = path.strip_prefix("/v1/files/") {
+            if method != Method::GET {
+                return Err(GatewayError::method_not_allowed("GET"));
+            }
+            self.download(gw, id, request_id).await
+        } else {
+            Err(GatewayError::new(
+                ErrorKind::NotFound,
+                format!("no such path: {method} {path}"),
+            )
+            .into())
+        };
+        match result {
+            Ok(resp) => Ok(resp),
+            Err(Failure {
+                error,
+                retry_after: None,
+            }) => Err(error),
+            Err(Failure {
+                error,
+                retry_after: Some(after),
+            }) => {
+                // The pipeline renders plain errors; this one must keep the upstream's retry-after.
+                tracing::info!(request_id = ?request_id, error = %error, "video upstream rate limited");
+                let mut resp = error.into_response(ErrorShape::Video);
+                resp.headers_mut().insert(header::RETRY_AFTER, after);
+                Ok(resp)
+            }
+        }
     }
+
+    /// `POST /v1/video/generations`: checks, starts the job upstream, answers PENDING with a signed id.
+    async fn create(
+        &self,
+        gw: &Gateway,
+        req: Request<Incoming>,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Body>, Failure> {
+        let principal = gw.keys.authenticate(req.headers(), Address::Video, false)?;
+        let (parts, body) = req.into_parts();
+        let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+        let obj = parse_object(&bytes)?;
+        let client_model = request::model(&obj)?.into_owned();
+        let model = gw.models.resolve(&client_model, Address::Video)?.clone();
+        principal.check_model(&client_model)?;
+        let checked = request::validate(&obj)?;
+        let upstream = &model.upstream;
+        let upstream_model = match (&model.upstream_model, upstream.kind) {
+            (Some(name), _) => name.clone(),
+            // The interface's "video-" stands in for the vendor's name (§E.4).
+            (None, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) => {
+                match client_model.strip_prefix("video-") {
+                    Some(rest) => format!("veo-{rest}"),
+                    None => client_model.clone(),
+                }
+            }
+            (None, _) => client_model.clone(),
+        };
+        let reference = match upstream.kind {
+            UpstreamKind::Mock => mock::reference(&checked),
+            UpstreamKind::Video => {
+                native::create(gw, &model, &parts.headers, request_id, &bytes, obj).await?
+            }
+            UpstreamKind::VeoVertex | UpstreamKind::VeoGemini => {
+                veo::create(gw, upstream, &upstream_model, &checked, request_id).await?
+            }
+            other => {
+                return Err(GatewayError::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "model {client_model:?} is routed to a {} upstream, which makes no videos",
+                        other.name()
+                    ),
+                )
+                .into())
+            }
+        };
+        let task = TaskToken {
+            created_ms: now_ms(),
+            upstream: upstream.name.clone(),
+            model: upstream_model,
+            reference,
+        };
+        let id = self.signer.sign_task(
+            &principal.name,
+            &task,
+            self.prefix(&task.upstream, &task.model).as_deref(),
+        );
+        tracing::info!(request_id = ?request_id, key = %principal.name, upstream = %task.upstream, model = %task.model, "video task created");
+        Ok(envelope(&TaskData::new(&id, TaskStatus::Pending)))
+    }
+
+    /// `GET|POST /v1/tasks/{taskId}`: the task's state, polled through the cache.
+    async fn lookup(
+        &self,
+        gw: &Gateway,
+        req: &Request<Incoming>,
+        id: &str,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Body>, Failure> {
+        let principal = gw.keys.authenticate(req.headers(), Address::Video, false)?;
+        let not_found = || {
+            GatewayError::new(
+                ErrorKind::NotFound,
+                "no such task (or it belongs to another API key)",
+            )
+        };
+        let task = self
+            .signer
+            .verify_task(&principal.name, id, |u, m| self.prefix(u, m))
+            .ok_or_else(not_found)?;
+        let upstream = self.upstreams.get(&task.upstream).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the upstream {:?} that ran this task is no longer configured",
+                    task.upstream
+                ),
+            )
+        })?;
+        // Concurrent lookups of one task share one poll; its result is kept per `TaskExpiry`.
+        let outcome = self
+            .cache
+            .try_get_with(id.to_owned(), async {
+                poll(gw, upstream, &task, request_id).await.map(Arc::new)
+            })
+            .await
+            .map_err(|e| (*e).clone())?;
+        let mut data = TaskData::new(id, outcome.status);
+        match &outcome.video {
+            Some(Video::Public(url)) => data.url = Some(url.clone()),
+            Some(Video::Gateway(source)) => {
+                let expires_s = now_ms() / 1000 + self.file_ttl.as_secs();
+                let file = FileToken {
+                    expires_s,
+                    source: source.clone(),
+                };
+                let prefix = match source {
+                    token::FileSource::Inline {
+                        upstream, model, ..
+                    } => self.prefix(upstream, model),
+                    _ => None,
+                };
+                let file_id = self.signer.sign_file(&file, prefix.as_deref());
+                data.url = Some(format!(
+                    "{}/v1/files/{file_id}",
+                    self.public_base(req.headers(), req.uri())
+                ));
+            }
+            None => {}
+        }
+        data.error = outcome
+            .error
+            .as_deref()
+            .map(|message| TaskError { message });
+        Ok(envelope(&data))
+    }
+
+    /// `GET /v1/files/{fileId}`: no key; the id itself is the permission, until it expires.
+    async fn download(
+        &self,
+        gw: &Gateway,
+        id: &str,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Body>, Failure> {
+        let file = self
+            .signer
+            .verify_file(id, |u, m| self.prefix(u, m))
+            .ok_or_else(|| GatewayError::new(ErrorKind::NotFound, "no such file"))?;
+        if file.expires_s < now_ms() / 1000 {
+            return Err(GatewayError::new(
+                ErrorKind::NotFound,
+                "this download link has expired; look the task up again for a fresh one",
+            )
+            .into());
+        }
+        let upstream = match &file.source {
+            token::FileSource::Mock => None,
+            token::FileSource::Gcs { upstream, .. }
+            | token::FileSource::Remote { upstream, .. }
+            | token::FileSource::Inline { upstream, .. } => {
+                self.upstreams.get(upstream).map(Arc::as_ref)
+            }
+        };
+        download::serve(gw, upstream, &file.source, &self.gcs_api_url, request_id).await
+    }
+
+    /// The operation-name prefix of an upstream and model, shared by signing and verifying.
+    fn prefix(&self, upstream: &str, model: &str) -> Option<String> {
+        veo::op_prefix(self.upstreams.get(upstream)?, model)
+    }
+
+    /// How clients reach the video address: `[video] public_url`, else the request's host.
+    fn public_base(&self, headers: &HeaderMap, uri: &http::Uri) -> String {
+        if let Some(url) = &self.public_url {
+            return url.clone();
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| uri.authority().map(http::uri::Authority::as_str))
+            // Only host[:port] characters: a crafted Host must not bend the URL's shape.
+            .filter(|h| {
+                !h.is_empty()
+                    && h.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
+                    })
+            })
+            .map(str::to_owned)
+            .or_else(|| self.listen.clone())
+            .unwrap_or_else(|| "localhost".to_owned());
+        format!("{}://{host}", self.scheme)
+    }
+}
+
+/// One upstream poll, by kind.
+async fn poll(
+    gw: &Gateway,
+    upstream: &Upstream,
+    task: &TaskToken,
+    request_id: &HeaderValue,
+) -> Result<Outcome, Failure> {
+    match upstream.kind {
+        UpstreamKind::Mock => Ok(mock::outcome(&task.reference, task.created_ms, now_ms())),
+        UpstreamKind::Video => native::poll(gw, upstream, &task.reference, request_id).await,
+        UpstreamKind::VeoVertex | UpstreamKind::VeoGemini => {
+            veo::poll(gw, upstream, &task.model, &task.reference, request_id).await
+        }
+        other => Err(GatewayError::new(
+            ErrorKind::Internal,
+            format!(
+                "upstream {:?} is a {} upstream, which runs no video tasks",
+                upstream.name,
+                other.name()
+            ),
+        )
+        .into()),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
+    RawObject::parse(bytes).map_err(|e| {
+        let msg = if e.is_syntax() || e.is_eof() {
+            format!("the request body is not valid JSON: {e}")
+        } else {
+            "the request body must be a JSON object".to_owned()
+        };
+        GatewayError::new(ErrorKind::InvalidRequest, msg)
+    })
+}
+
+/// The `data` of a task answer, in the interface's field order.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct TaskData<'a> {
+    task_id: &'a str,
+    task_status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<TaskError<'a>>,
+}
+
+#[derive(Serialize)]
+struct TaskError<'a> {
+    message: &'a str,
+}
+
+impl<'a> TaskData<'a> {
+    pub(crate) fn new(task_id: &'a str, status: TaskStatus) -> Self {
+        Self {
+            task_id,
+            task_status: status.as_str(),
+            url: None,
+            error: None,
+        }
+    }
+
+    pub(crate) fn with(mut self, url: Option<String>, error: Option<&'a str>) -> Self {
+        self.url = url;
+        self.error = error.map(|message| TaskError { message });
+        self
+    }
+}
+
+/// A success envelope, `{"code":100000,"msg":"SUCCESS","data":…}`, with the task's id and status
+/// also as response headers (interface §4.3).
+pub(crate) fn envelope(data: &TaskData) -> Response<Body> {
+    #[derive(Serialize)]
+    struct Envelope<'a, 'd> {
+        code: u32,
+        msg: &'static str,
+        data: &'a TaskData<'d>,
+    }
+    let body = serde_json::to_vec(&Envelope {
+        code: 100_000,
+        msg: "SUCCESS",
+        data,
+    })
+    .unwrap_or_default();
+    let mut resp = Response::new(body::full(Bytes::from(body)));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::try_from(data.task_id) {
+        h.insert(TASK_ID.clone(), v);
+    }
+    h.insert(
+        TASK_STATUS.clone(),
+        HeaderValue::from_static(data.task_status),
+    );
+    resp
 }

@@ -860,6 +860,8 @@ pub struct StreamEncoder {
     started: bool,
     next_block: u64,
     open: Open,
+    /// IR tool index → its block index, so a late fragment still reaches its own block.
+    tool_blocks: Vec<(usize, u64)>,
     finish: Option<Finish>,
     usage: Usage,
     done: bool,
@@ -872,6 +874,7 @@ impl StreamEncoder {
             started: false,
             next_block: 0,
             open: Open::None,
+            tool_blocks: Vec::new(),
             finish: None,
             usage: Usage::default(),
             done: false,
@@ -911,8 +914,11 @@ impl StreamEncoder {
     }
 
     fn delta(&self, delta: Value, out: &mut Vec<u8>) {
-        let ev =
-            json!({"type": "content_block_delta", "index": self.next_block - 1, "delta": delta});
+        self.delta_at(self.next_block - 1, delta, out);
+    }
+
+    fn delta_at(&self, block: u64, delta: Value, out: &mut Vec<u8>) {
+        let ev = json!({"type": "content_block_delta", "index": block, "delta": delta});
         sse::write_json_event(out, Some("content_block_delta"), &ev);
     }
 
@@ -960,6 +966,7 @@ impl StreamEncoder {
                 self.delta(json!({"type": "text_delta", "text": t}), out);
             }
             Event::ToolStart { index, id, name } => {
+                self.tool_blocks.push((index, self.next_block));
                 self.open(
                     Open::Tool(index),
                     json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
@@ -967,17 +974,16 @@ impl StreamEncoder {
                 );
             }
             Event::ToolArgs { index, fragment } => {
+                let delta = json!({"type": "input_json_delta", "partial_json": fragment});
                 if self.open == Open::Tool(index) {
-                    self.delta(
-                        json!({"type": "input_json_delta", "partial_json": fragment}),
-                        out,
-                    );
-                } else {
-                    // Anthropic blocks cannot interleave, and a closed block cannot reopen.
-                    tracing::warn!(
-                        index,
-                        "dropped an argument fragment for a tool call whose block had closed"
-                    );
+                    self.delta(delta, out);
+                } else if let Some(&(_, block)) = self.tool_blocks.iter().find(|(t, _)| *t == index)
+                {
+                    // Rare: more arguments for a call whose block already closed (the sequencer
+                    // holds back the usual interleaving). Its own index keeps it lossless for
+                    // clients that key deltas by index, as Anthropic's SDKs do.
+                    tracing::debug!(index, "argument fragment after its block closed");
+                    self.delta_at(block, delta, out);
                 }
             }
             Event::Finish(f) => {

@@ -938,6 +938,8 @@ pub struct StreamEncoder {
     started: bool,
     open: Option<OpenItem>,
     output: Vec<Value>,
+    /// IR tool index → (item id, output index) of every call item written so far.
+    calls: Vec<(usize, String, usize)>,
     finish: Option<Finish>,
     usage: Option<Usage>,
     done: bool,
@@ -954,6 +956,7 @@ impl StreamEncoder {
             started: false,
             open: None,
             output: Vec::new(),
+            calls: Vec::new(),
             finish: None,
             usage: None,
             done: false,
@@ -1035,6 +1038,26 @@ impl StreamEncoder {
         self.output.push(done);
     }
 
+    /// More arguments for a call item already written out (rare: the sequencer holds back the
+    /// usual interleaving). The delta names the item, and the final output carries them too.
+    fn late_args(&mut self, tool: usize, fragment: &str, out: &mut Vec<u8>) {
+        let Some(&(_, ref item_id, output_index)) = self.calls.iter().find(|(t, _, _)| *t == tool)
+        else {
+            return;
+        };
+        let item_id = item_id.clone();
+        if let Some(item) = self.output.get_mut(output_index) {
+            let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
+            item["arguments"] = json!(joined);
+        }
+        tracing::debug!(tool, "argument fragment after its item closed");
+        self.emit(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": output_index, "delta": fragment}),
+        );
+    }
+
     pub fn encode(&mut self, ev: Event, out: &mut Vec<u8>) {
         if self.done {
             return;
@@ -1102,6 +1125,7 @@ impl StreamEncoder {
                 self.close(out);
                 let id = ir::mint_id("fc_");
                 let output_index = self.output.len();
+                self.calls.push((index, id.clone(), output_index));
                 self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": call_item(&id, &call_id, &name, "", "in_progress")}));
                 self.open = Some(OpenItem::Call {
                     id,
@@ -1121,10 +1145,7 @@ impl StreamEncoder {
                         json!({"item_id": id, "output_index": output_index, "delta": fragment}),
                     );
                 }
-                _ => tracing::warn!(
-                    index,
-                    "dropped an argument fragment for a function call item that had closed"
-                ),
+                _ => self.late_args(index, &fragment, out),
             },
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),

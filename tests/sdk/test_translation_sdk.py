@@ -25,10 +25,9 @@ Three ways a stream breaks (`FAILURES`):
 
 Besides: the anthropic path against `modelgate mock` too; parallel calls from a chat upstream in
 three orders (OpenAI's sequential one, whole calls in one chunk, interleaved fragments); and
-arrival times, so a gateway that held deltas back would fail. Two behaviours are marked
-`xfail(strict=True)` as known gateway bugs (see the reasons): interleaved parallel tool-call
-fragments from a chat upstream are dropped, and a translated /v1/messages request forwards the
-client's anthropic-* headers to a chat upstream.
+arrival times, so a gateway that held deltas back would fail. Interleaved parallel tool-call
+fragments from a chat upstream must arrive whole, and a translated /v1/messages request must not
+forward the client's anthropic-* headers to a chat upstream.
 """
 
 from __future__ import annotations
@@ -257,22 +256,11 @@ CHAT_PARALLEL_ORDERS: dict[str, list[dict[str, Any]]] = {
         tool_fragment(1, ' "Tokyo"}'),
     ],
 }
-INTERLEAVED_BUG = (
-    "gateway bug: with a chat upstream whose parallel tool-call fragments interleave "
-    "(index 0, 1, 0, 1), the translated stream drops every fragment of call 0 after call 1 "
-    "opened (src/translate/responses.rs 'dropped an argument fragment'; the messages encoder "
-    "likewise closes block 0 with no input_json_delta), so call 0 ends with arguments \"\" / "
-    "input {} while the stream completes cleanly"
-)
 
 
 def chat_parallel_orders() -> list[Any]:
     return [
         pytest.param(order, id=order)
-        if order != "interleaved"
-        else pytest.param(
-            order, id=order, marks=pytest.mark.xfail(strict=True, reason=INTERLEAVED_BUG)
-        )
         for order in CHAT_PARALLEL_ORDERS
     ]
 
@@ -811,11 +799,6 @@ def test_anthropic_stream_from_chat_upstream_breaks_midway(
         assert CHAT_ERROR["error"]["message"] in err.body["error"]["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway bug: a translated /v1/messages request forwards the client's "
-    "anthropic-version and anthropic-beta headers to a chat (OpenAI-protocol) upstream",
-)
 def test_anthropic_headers_stay_off_a_chat_upstream(
     gateway: str, fake_upstream: FakeUpstream
 ) -> None:
