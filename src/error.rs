@@ -226,12 +226,11 @@ impl GatewayError {
                 "error": {"type": self.kind.anthropic_type(), "message": self.message},
             }),
             ErrorShape::Video => {
+                // Written by hand so the fields come in the envelope's own order: code, msg, data.
                 let (code, name) = self.kind.video_code();
-                serde_json::json!({
-                    "code": code,
-                    "msg": format!("{name}: {}", self.message),
-                    "data": null,
-                })
+                let msg = serde_json::Value::String(format!("{name}: {}", self.message));
+                let body = format!("{{\"code\":{code},\"msg\":{msg},\"data\":null}}");
+                return ("application/json", Bytes::from(body));
             }
             ErrorShape::Text => {
                 return (

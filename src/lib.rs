@@ -10,11 +10,15 @@
 //!       ├─ validate     the interface's rules, before anything goes upstream
 //!       ├─ passthrough  same protocol: targeted edits (model, thinking switch), bytes otherwise kept
 //!       ├─ upstream     pooled hyper-util client over rustls; URL join, credential, header hygiene
+//!       ├─ translate    other protocol: client wire → IR → upstream wire, and back (replies, streams)
 //!       └─ body         the response body polled frame by frame: idle timeout, in-stream errors
+//! video       sibling of translate on the video address: create, look up, download; task ids
+//!             are signed (stateless), lookups go through a moka cache
 //! ```
 //!
 //! `config` turns the TOML file into the validated types every stage reads; `mock` is the
-//! built-in upstream; `json` keeps request bodies as raw values so unknown fields survive.
+//! built-in upstream; `json` keeps request bodies as raw values so unknown fields survive; `ir`
+//! is the canonical representation translation goes through; `sse` the event-stream codec.
 
 pub mod auth;
 pub mod body;

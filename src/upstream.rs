@@ -180,11 +180,25 @@ pub fn build_request(
             headers.remove(name);
         }
     }
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
+    let mut req = build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
+    // The client's end-to-end headers go under the gateway's own; a client's Anthropic version
+    // and betas win over the config's, which are defaults.
+    for (name, value) in &headers {
+        let ours = req.headers().contains_key(name);
+        if !ours || (name.as_str().starts_with("anthropic-") && upstream_default(upstream, name)) {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    Ok(req)
+}
+
+/// True when `name` was set only as a configured default (or the built-in Anthropic version).
+fn upstream_default(upstream: &Upstream, name: &HeaderName) -> bool {
+    upstream.headers.iter().any(|(n, _)| n == name) || name.as_str() == "anthropic-version"
+}
+
+/// The upstream's credential, in the header its kind expects, and its configured headers.
+fn add_credential(upstream: &Upstream, headers: &mut HeaderMap) {
     if let Some(cred) = &upstream.credential {
         let name = match upstream.kind {
             UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
@@ -194,10 +208,6 @@ pub fn build_request(
         headers.insert(name, cred.header_value().clone());
     }
     for (name, value) in &upstream.headers {
-        // A client's own Anthropic version and betas win; the config's are defaults.
-        if name.as_str().starts_with("anthropic-") && headers.contains_key(name) {
-            continue;
-        }
         headers.insert(name.clone(), value.clone());
     }
     if upstream.kind == UpstreamKind::Messages && !headers.contains_key("anthropic-version") {
@@ -206,18 +216,6 @@ pub fn build_request(
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
     }
-    let mut req = Request::builder()
-        .method(Method::POST)
-        .uri(uri)
-        .body(Full::new(body))
-        .map_err(|e| {
-            GatewayError::new(
-                ErrorKind::Internal,
-                format!("building upstream request: {e}"),
-            )
-        })?;
-    *req.headers_mut() = headers;
-    Ok(req)
 }
 
 /// Response headers from an upstream that may go on to the client.
@@ -245,17 +243,7 @@ pub fn build_call(
     }
     headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
     if credential {
-        if let Some(cred) = &upstream.credential {
-            let name = match upstream.kind {
-                UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
-                UpstreamKind::VeoGemini => HeaderName::from_static("x-goog-api-key"),
-                _ => header::AUTHORIZATION,
-            };
-            headers.insert(name, cred.header_value().clone());
-        }
-        for (name, value) in &upstream.headers {
-            headers.insert(name.clone(), value.clone());
-        }
+        add_credential(upstream, &mut headers);
     }
     let mut req = Request::builder()
         .method(method)

@@ -260,6 +260,8 @@ fn check_accepts_the_shipped_config_and_every_example() {
                 ("DASHSCOPE_API_KEY", "x"),
                 ("TOKEN_PLAN_API_KEY", "x"),
                 ("MODELGATE_CLIENT_KEY", "x"),
+                ("VERTEX_ACCESS_TOKEN", "x"),
+                ("GEMINI_API_KEY", "x"),
             ])
             .output()
             .unwrap();
