@@ -1,0 +1,717 @@
+//! Config validation: raw serde types for each section, then the checks that turn them into typed values, each error with its key path.
+
+use super::*;
+
+// === raw serde types ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    base: String,
+    token_plan: Option<String>,
+    video: Option<String>,
+    admin: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_request_bytes: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    first_byte_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawVideo {
+    task_secrets_env: Option<String>,
+    public_url: Option<String>,
+    file_url_ttl_s: Option<u64>,
+    status_cache_ms: Option<u64>,
+    gcs_api_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    name: String,
+    key: Option<String>,
+    sha256: Option<String>,
+    key_env: Option<String>,
+    addresses: Option<Vec<String>>,
+    models: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: String,
+    kind: String,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: String,
+    upstream: String,
+    upstream_model: Option<String>,
+    endpoints: Option<Vec<String>>,
+    addresses: Option<Vec<String>>,
+    #[serde(default)]
+    vision: bool,
+    thinking: Option<String>,
+    default_max_tokens: Option<u32>,
+}
+
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "tls",
+    "limits",
+    "video",
+    "keys",
+    "upstreams",
+    "models",
+];
+
+/// Collects errors with their key paths while validation goes on.
+struct Errors(Vec<String>);
+
+impl Errors {
+    fn push(&mut self, path: impl fmt::Display, msg: impl fmt::Display) {
+        self.0.push(format!("{path}: {msg}"));
+    }
+}
+
+/// Deserialises one table, reporting a type error or unknown key under `path`.
+fn section<T: for<'de> Deserialize<'de>>(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Errors,
+) -> Option<T> {
+    match T::deserialize(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(path, e.message().trim_end());
+            None
+        }
+    }
+}
+
+/// Deserialises an array of tables, one error per bad element.
+fn array_section<T: for<'de> Deserialize<'de>>(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Errors,
+) -> Vec<Option<T>> {
+    match value {
+        toml::Value::Array(items) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| section(item, &format!("{path}[{i}]"), errors))
+            .collect(),
+        _ => {
+            errors.push(path, "must be an array of tables ([[...]])");
+            Vec::new()
+        }
+    }
+}
+
+/// Validates config text; `env` resolves secret variables and `base_dir` relative TLS paths.
+pub(super) fn parse(
+    text: &str,
+    base_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigErrors(vec![format!("syntax: {e}")]))?;
+    let mut errors = Errors(Vec::new());
+    for key in table.keys() {
+        if !TOP_KEYS.contains(&key.as_str()) {
+            errors.push(
+                key,
+                format!("unknown key; expected one of {}", TOP_KEYS.join(", ")),
+            );
+        }
+    }
+    let mut table = table;
+    let raw_listen: Option<RawListen> = match table.remove("listen") {
+        Some(v) => section(v, "listen", &mut errors),
+        None => {
+            errors.push(
+                "listen",
+                "missing; at least `base = \"host:port\"` is required",
+            );
+            None
+        }
+    };
+    let raw_tls: Option<RawTls> = table
+        .remove("tls")
+        .and_then(|v| section(v, "tls", &mut errors));
+    let raw_limits: RawLimits = table
+        .remove("limits")
+        .and_then(|v| section(v, "limits", &mut errors))
+        .unwrap_or_default();
+    let raw_video: RawVideo = table
+        .remove("video")
+        .and_then(|v| section(v, "video", &mut errors))
+        .unwrap_or_default();
+    let raw_keys: Vec<Option<RawKey>> = table
+        .remove("keys")
+        .map(|v| array_section(v, "keys", &mut errors))
+        .unwrap_or_default();
+    let raw_upstreams: Vec<Option<RawUpstream>> = table
+        .remove("upstreams")
+        .map(|v| array_section(v, "upstreams", &mut errors))
+        .unwrap_or_default();
+    let raw_models: Vec<Option<RawModel>> = table
+        .remove("models")
+        .map(|v| array_section(v, "models", &mut errors))
+        .unwrap_or_default();
+
+    let listen = raw_listen.and_then(|l| validate_listen(l, &mut errors));
+    let tls = raw_tls.and_then(|t| {
+        let cert = base_dir.join(&t.cert);
+        let key = base_dir.join(&t.key);
+        match crate::tls::server_config(&cert, &key) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                errors.push("tls", e);
+                None
+            }
+        }
+    });
+    let limits = validate_limits(&raw_limits, &mut errors);
+    let video = validate_video(raw_video, env, &mut errors);
+    let upstreams = validate_upstreams(raw_upstreams, env, &mut errors);
+    let models = validate_models(raw_models, &upstreams, listen.as_ref(), &mut errors);
+    let keys = validate_keys(raw_keys, env, &mut errors);
+
+    match listen {
+        Some(listen) if errors.0.is_empty() => Ok(Config {
+            listen,
+            tls,
+            limits,
+            video,
+            keys,
+            upstreams,
+            models,
+        }),
+        _ => Err(ConfigErrors(errors.0)),
+    }
+}
+
+fn validate_listen(raw: RawListen, errors: &mut Errors) -> Option<Listen> {
+    let mut parse = |name: &str, text: &str| -> Option<SocketAddr> {
+        match text.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errors.push(
+                    format!("listen.{name}"),
+                    format!("invalid address {text:?}; expected host:port like \"127.0.0.1:8080\""),
+                );
+                None
+            }
+        }
+    };
+    let base = parse("base", &raw.base);
+    let token_plan = raw
+        .token_plan
+        .as_deref()
+        .and_then(|t| parse("token_plan", t));
+    let video = raw.video.as_deref().and_then(|t| parse("video", t));
+    let admin = raw.admin.as_deref().and_then(|t| parse("admin", t));
+    let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
+    for (name, addr) in [
+        ("base", base),
+        ("token_plan", token_plan),
+        ("video", video),
+        ("admin", admin),
+    ] {
+        if let Some(addr) = addr {
+            if let Some((other, _)) = seen.iter().find(|(_, a)| *a == addr && addr.port() != 0) {
+                errors.push(
+                    format!("listen.{name}"),
+                    format!("address {addr} is already used by listen.{other}"),
+                );
+            }
+            seen.push((name, addr));
+        }
+    }
+    Some(Listen {
+        base: base?,
+        token_plan,
+        video,
+        admin,
+    })
+}
+
+fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {
+    let mut ms = |name: &str, v: Option<u64>, default: u64| {
+        let v = v.unwrap_or(default);
+        if v == 0 {
+            errors.push(format!("limits.{name}"), "must be greater than 0");
+        }
+        Duration::from_millis(v)
+    };
+    let limits = Limits {
+        max_request_bytes: raw.max_request_bytes.unwrap_or(32 * 1024 * 1024),
+        connect_timeout: ms("connect_timeout_ms", raw.connect_timeout_ms, 5_000),
+        first_byte_timeout: ms("first_byte_timeout_ms", raw.first_byte_timeout_ms, 300_000),
+        idle_timeout: ms("idle_timeout_ms", raw.idle_timeout_ms, 300_000),
+    };
+    if limits.max_request_bytes == 0 {
+        errors.push("limits.max_request_bytes", "must be greater than 0");
+    }
+    limits
+}
+
+fn validate_video(
+    raw: RawVideo,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> VideoSettings {
+    let task_secrets_env = raw
+        .task_secrets_env
+        .unwrap_or_else(|| "MODELGATE_TASK_SECRETS".to_owned());
+    // An unset variable is allowed (a random secret is made at start, with a warning);
+    // a set one must hold usable secrets.
+    let task_secrets = match env(&task_secrets_env) {
+        Some(v) => {
+            let secrets: Vec<Vec<u8>> = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.as_bytes().to_vec())
+                .collect();
+            if secrets.is_empty() {
+                errors.push(
+                    "video.task_secrets_env",
+                    format!("environment variable {task_secrets_env} is set but holds no secret"),
+                );
+            }
+            secrets
+        }
+        None => Vec::new(),
+    };
+    if let Some(url) = &raw.public_url {
+        if let Err(e) = BaseUrl::parse(url) {
+            errors.push("video.public_url", e);
+        }
+    }
+    if let Some(url) = &raw.gcs_api_url {
+        if let Err(e) = BaseUrl::parse(url) {
+            errors.push("video.gcs_api_url", e);
+        }
+    }
+    if raw.file_url_ttl_s == Some(0) {
+        errors.push("video.file_url_ttl_s", "must be greater than 0");
+    }
+    VideoSettings {
+        task_secrets,
+        task_secrets_env,
+        public_url: raw.public_url.map(|u| u.trim_end_matches('/').to_owned()),
+        file_url_ttl: Duration::from_secs(raw.file_url_ttl_s.unwrap_or(86_400)),
+        status_cache: Duration::from_millis(raw.status_cache_ms.unwrap_or(1_000)),
+        gcs_api_url: raw.gcs_api_url.map_or_else(
+            || "https://storage.googleapis.com".to_owned(),
+            |u| u.trim_end_matches('/').to_owned(),
+        ),
+    }
+}
+
+/// Reads a secret from the environment; a missing or empty variable is an error at `path`.
+fn env_secret(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    path: String,
+    errors: &mut Errors,
+) -> Option<String> {
+    match env(var) {
+        Some(v) if !v.is_empty() => Some(v),
+        _ => {
+            errors.push(path, format!("environment variable {var} is not set"));
+            None
+        }
+    }
+}
+
+fn validate_upstreams(
+    raw: Vec<Option<RawUpstream>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> Vec<Arc<Upstream>> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, u) in raw.into_iter().enumerate() {
+        let Some(u) = u else { continue };
+        let path = format!("upstreams[{i}]");
+        if u.name.is_empty() {
+            errors.push(format!("{path}.name"), "must not be empty");
+        } else if !names.insert(u.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("duplicate upstream name {:?}", u.name),
+            );
+        }
+        let Some(kind) = UpstreamKind::ALL.into_iter().find(|k| k.name() == u.kind) else {
+            let allowed: Vec<_> = UpstreamKind::ALL.iter().map(|k| k.name()).collect();
+            errors.push(
+                format!("{path}.kind"),
+                format!("unknown kind {:?}; allowed: {}", u.kind, allowed.join(", ")),
+            );
+            continue;
+        };
+        let base_url = match (&u.base_url, kind) {
+            (Some(_), UpstreamKind::Mock) => {
+                errors.push(
+                    format!("{path}.base_url"),
+                    "a mock upstream is built in and takes no base_url",
+                );
+                None
+            }
+            (None, UpstreamKind::Mock) => None,
+            (None, _) => {
+                errors.push(
+                    format!("{path}.base_url"),
+                    format!("required for kind {:?}", kind.name()),
+                );
+                None
+            }
+            (Some(text), _) => match BaseUrl::parse(text) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    errors.push(format!("{path}.base_url"), e);
+                    None
+                }
+            },
+        };
+        let credential = match &u.api_key_env {
+            Some(var) => {
+                env_secret(env, var, format!("{path}.api_key_env"), errors).and_then(|value| {
+                    let formatted = match kind {
+                        UpstreamKind::Messages | UpstreamKind::VeoGemini => value,
+                        _ => format!("Bearer {value}"),
+                    };
+                    match HeaderValue::try_from(formatted) {
+                        Ok(mut hv) => {
+                            hv.set_sensitive(true);
+                            Some(Secret(hv))
+                        }
+                        Err(_) => {
+                            errors.push(
+                                format!("{path}.api_key_env"),
+                                format!("the value of {var} is not a valid header value"),
+                            );
+                            None
+                        }
+                    }
+                })
+            }
+            None => {
+                if matches!(kind, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) {
+                    errors.push(
+                        format!("{path}.api_key_env"),
+                        format!("required for kind {:?}", kind.name()),
+                    );
+                }
+                None
+            }
+        };
+        let mut headers = Vec::new();
+        for (name, value) in &u.headers {
+            let hpath = format!("{path}.headers.{name}");
+            match (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                (Ok(n), Ok(v)) => headers.push((n, v)),
+                (Err(_), _) => errors.push(hpath, "invalid header name"),
+                (_, Err(_)) => errors.push(hpath, "invalid header value"),
+            }
+        }
+        let mut protocol_uris: [Option<Uri>; 3] = [None, None, None];
+        if let (Some(b), Some(_)) = (&base_url, kind.protocol()) {
+            for p in Protocol::ALL {
+                match b.join(p.upstream_suffix()) {
+                    Ok(uri) => protocol_uris[p as usize] = Some(uri),
+                    Err(e) => errors.push(format!("{path}.base_url"), e),
+                }
+            }
+        }
+        out.push(Arc::new(Upstream {
+            name: u.name,
+            kind,
+            base_url,
+            credential,
+            headers,
+            protocol_uris,
+        }));
+    }
+    out
+}
+
+fn parse_addresses(
+    list: &[String],
+    path: &str,
+    listen: Option<&Listen>,
+    errors: &mut Errors,
+) -> AddressSet {
+    let mut set = AddressSet::default();
+    for (j, name) in list.iter().enumerate() {
+        match Address::parse_client(name) {
+            Some(a) => {
+                if listen.is_some_and(|l| l.get(a).is_none()) {
+                    errors.push(
+                        format!("{path}[{j}]"),
+                        format!("address {name:?} has no listener in [listen]"),
+                    );
+                }
+                set.insert(a);
+            }
+            None => errors.push(
+                format!("{path}[{j}]"),
+                format!("unknown address {name:?}; allowed: base, token_plan, video"),
+            ),
+        }
+    }
+    set
+}
+
+fn parse_pattern(text: &str, path: String, errors: &mut Errors) -> Option<NamePattern> {
+    match NamePattern::parse(text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            errors.push(path, e);
+            None
+        }
+    }
+}
+
+/// The two video model names of the interface (§2.5); on the mock they default to the video address.
+const VIDEO_MODELS: [&str; 2] = ["video-3.1-generate-001", "video-3.1-fast-generate-001"];
+
+fn validate_models(
+    raw: Vec<Option<RawModel>>,
+    upstreams: &[Arc<Upstream>],
+    listen: Option<&Listen>,
+    errors: &mut Errors,
+) -> Vec<Arc<Model>> {
+    let mut out: Vec<Arc<Model>> = Vec::new();
+    for (i, m) in raw.into_iter().enumerate() {
+        let Some(m) = m else { continue };
+        let path = format!("models[{i}]");
+        let pattern = parse_pattern(&m.name, format!("{path}.name"), errors);
+        let upstream = upstreams.iter().find(|u| u.name == m.upstream).cloned();
+        if upstream.is_none() {
+            errors.push(
+                format!("{path}.upstream"),
+                format!("no upstream named {:?}", m.upstream),
+            );
+        }
+        if m.upstream_model.as_deref() == Some("") {
+            errors.push(format!("{path}.upstream_model"), "must not be empty");
+        }
+        let endpoints = match &m.endpoints {
+            None => EndpointSet::ALL,
+            Some(list) => {
+                let mut set = EndpointSet::default();
+                for (j, e) in list.iter().enumerate() {
+                    match Protocol::parse(e) {
+                        Some(p) => set.insert(p),
+                        None => errors.push(
+                            format!("{path}.endpoints[{j}]"),
+                            format!("unknown endpoint {e:?}; allowed: chat, messages, responses"),
+                        ),
+                    }
+                }
+                if list.is_empty() {
+                    errors.push(format!("{path}.endpoints"), "must not be empty");
+                }
+                set
+            }
+        };
+        let is_video = upstream.as_ref().is_some_and(|u| {
+            u.kind.is_video()
+                || (u.kind == UpstreamKind::Mock && VIDEO_MODELS.contains(&m.name.as_str()))
+        });
+        let addresses = match &m.addresses {
+            None if is_video => AddressSet::only(Address::Video),
+            None => AddressSet::only(Address::Base),
+            Some(list) => {
+                let set = parse_addresses(list, &format!("{path}.addresses"), listen, errors);
+                if list.is_empty() {
+                    errors.push(format!("{path}.addresses"), "must not be empty");
+                }
+                set
+            }
+        };
+        if let Some(u) = &upstream {
+            if u.kind.is_video()
+                && (addresses.contains(Address::Base) || addresses.contains(Address::TokenPlan))
+            {
+                errors.push(
+                    format!("{path}.addresses"),
+                    format!("upstream {:?} is a video upstream; it can only be served on the video address", u.name),
+                );
+            }
+            if u.kind.protocol().is_some() && addresses.contains(Address::Video) {
+                errors.push(
+                    format!("{path}.addresses"),
+                    format!("upstream {:?} is an LLM upstream; the video address serves only video models", u.name),
+                );
+            }
+        }
+        if addresses.contains(Address::TokenPlan) && !endpoints.contains(Protocol::Chat) {
+            errors.push(
+                format!("{path}.addresses"),
+                "token_plan serves only chat completions, but endpoints excludes \"chat\"",
+            );
+        }
+        let thinking = match m.thinking.as_deref() {
+            None => ThinkingStyle::None,
+            Some(t) => match ThinkingStyle::ALL.into_iter().find(|s| s.name() == t) {
+                Some(s) => s,
+                None => {
+                    let allowed: Vec<_> = ThinkingStyle::ALL.iter().map(|s| s.name()).collect();
+                    errors.push(
+                        format!("{path}.thinking"),
+                        format!("unknown value {t:?}; allowed: {}", allowed.join(", ")),
+                    );
+                    ThinkingStyle::None
+                }
+            },
+        };
+        if m.default_max_tokens == Some(0) {
+            errors.push(
+                format!("{path}.default_max_tokens"),
+                "must be greater than 0",
+            );
+        }
+        // One name may appear once per address, so each address routes it to one upstream.
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.name == m.name && o.addresses.0 & addresses.0 != 0)
+        {
+            errors.push(
+                format!("{path}.name"),
+                format!(
+                    "duplicate model name {:?} on address(es) {}",
+                    m.name,
+                    AddressSet(other.addresses.0 & addresses.0)
+                        .names()
+                        .join(", ")
+                ),
+            );
+        }
+        if let (Some(pattern), Some(upstream)) = (pattern, upstream) {
+            out.push(Arc::new(Model {
+                name: m.name,
+                pattern,
+                upstream,
+                upstream_model: m.upstream_model,
+                endpoints,
+                addresses,
+                vision: m.vision,
+                thinking,
+                default_max_tokens: m.default_max_tokens,
+            }));
+        }
+    }
+    out
+}
+
+fn validate_keys(
+    raw: Vec<Option<RawKey>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> Vec<Key> {
+    use sha2::{Digest, Sha256};
+    let mut names = HashSet::new();
+    let mut digests = HashSet::new();
+    let mut out = Vec::new();
+    for (i, k) in raw.into_iter().enumerate() {
+        let Some(k) = k else { continue };
+        let path = format!("keys[{i}]");
+        if k.name.is_empty() {
+            errors.push(format!("{path}.name"), "must not be empty");
+        } else if !names.insert(k.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("duplicate key name {:?}", k.name),
+            );
+        }
+        let given = [k.key.is_some(), k.sha256.is_some(), k.key_env.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
+        if given != 1 {
+            errors.push(
+                path.clone(),
+                "exactly one of `key` (demo only), `sha256` or `key_env` is required",
+            );
+            continue;
+        }
+        let mut plaintext = None;
+        let digest: Option<[u8; 32]> = if let Some(key) = &k.key {
+            plaintext = Some(key.clone());
+            Some(Sha256::digest(key.as_bytes()).into())
+        } else if let Some(hexed) = &k.sha256 {
+            let mut d = [0u8; 32];
+            match hex::decode_to_slice(hexed.trim(), &mut d) {
+                Ok(()) => Some(d),
+                Err(_) => {
+                    errors.push(
+                        format!("{path}.sha256"),
+                        "must be 64 hex characters (the output of `modelgate hash-key`)",
+                    );
+                    None
+                }
+            }
+        } else if let Some(var) = &k.key_env {
+            env_secret(env, var, format!("{path}.key_env"), errors)
+                .map(|v| Sha256::digest(v.as_bytes()).into())
+        } else {
+            None
+        };
+        if let Some(d) = digest {
+            if !digests.insert(d) {
+                errors.push(path.clone(), "the same key is configured twice");
+            }
+        }
+        let addresses = match &k.addresses {
+            None => AddressSet::all_client(),
+            Some(list) => parse_addresses(list, &format!("{path}.addresses"), None, errors),
+        };
+        let models = match &k.models {
+            None => vec![NamePattern::Any],
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .filter_map(|(j, p)| parse_pattern(p, format!("{path}.models[{j}]"), errors))
+                .collect(),
+        };
+        if let Some(digest) = digest {
+            out.push(Key {
+                name: k.name,
+                digest,
+                plaintext,
+                addresses,
+                models,
+            });
+        }
+    }
+    out
+}

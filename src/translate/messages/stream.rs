@@ -1,0 +1,335 @@
+//! Anthropic Messages streams: upstream events → IR events, and IR events → events for a messages client.
+
+use super::*;
+
+// === streams: messages upstream events → IR ===
+
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    json_mode: bool,
+    /// Anthropic block index → IR tool index (None for non-tool blocks); JSON-mode tool blocks map to text.
+    blocks: Vec<(u64, BlockKind)>,
+    tools: usize,
+    usage: Usage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockKind {
+    Tool(usize),
+    JsonText,
+}
+
+impl StreamDecoder {
+    pub fn new(json_mode: bool) -> Self {
+        Self {
+            json_mode,
+            ..Self::default()
+        }
+    }
+
+    pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
+        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+            out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
+                code: None,
+            }));
+            return;
+        };
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("");
+        match kind {
+            "message_start" => {
+                let m = v.get("message").unwrap_or(&Value::Null);
+                if let Some(u) = m.get("usage") {
+                    usage_from(u, &mut self.usage);
+                }
+                out.push(Event::Start {
+                    id: m.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                    model: m
+                        .get("model")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    created: ir::now_secs(),
+                });
+            }
+            "content_block_start" => {
+                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let b = v.get("content_block").unwrap_or(&Value::Null);
+                match b.get("type").and_then(Value::as_str) {
+                    Some("tool_use") => {
+                        let name = b
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned();
+                        if self.json_mode && name == JSON_TOOL {
+                            self.blocks.push((index, BlockKind::JsonText));
+                        } else {
+                            let k = self.tools;
+                            self.tools += 1;
+                            self.blocks.push((index, BlockKind::Tool(k)));
+                            out.push(Event::ToolStart {
+                                index: k,
+                                id: b.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                                name,
+                            });
+                        }
+                    }
+                    Some("text") => {
+                        if let Some(t) = b
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .filter(|t| !t.is_empty())
+                        {
+                            out.push(Event::TextDelta(t.to_owned()));
+                        }
+                    }
+                    Some("redacted_thinking") => {
+                        out.push(Event::RedactedReasoning(
+                            b.get("data")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                match d.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => out.push(Event::TextDelta(s("text"))),
+                    Some("thinking_delta") => out.push(Event::ReasoningDelta(s("thinking"))),
+                    Some("signature_delta") => out.push(Event::ReasoningSignature(s("signature"))),
+                    Some("input_json_delta") => {
+                        let frag = s("partial_json");
+                        if frag.is_empty() {
+                            return;
+                        }
+                        match self
+                            .blocks
+                            .iter()
+                            .find(|(i, _)| *i == index)
+                            .map(|(_, k)| *k)
+                        {
+                            Some(BlockKind::Tool(k)) => out.push(Event::ToolArgs {
+                                index: k,
+                                fragment: frag,
+                            }),
+                            Some(BlockKind::JsonText) => out.push(Event::TextDelta(frag)),
+                            None => {}
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(u) = v.get("usage") {
+                    usage_from(u, &mut self.usage);
+                }
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
+                    let mut f =
+                        finish_from(Some(reason), d.get("stop_sequence").and_then(Value::as_str));
+                    if f == Finish::ToolUse
+                        && self.tools == 0
+                        && self.blocks.iter().any(|(_, k)| *k == BlockKind::JsonText)
+                    {
+                        f = Finish::EndTurn;
+                    }
+                    out.push(Event::Finish(f));
+                }
+                out.push(Event::Usage(self.usage));
+            }
+            "message_stop" => out.push(Event::End),
+            "error" => {
+                let e = v.get("error").unwrap_or(&Value::Null);
+                out.push(Event::Error(ir::ErrorInfo {
+                    status: status_of_error_type(e.get("type").and_then(Value::as_str)),
+                    message: e
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("upstream error")
+                        .to_owned(),
+                    code: e.get("type").and_then(Value::as_str).map(str::to_owned),
+                }));
+            }
+            _ => {}
+        }
+    }
+}
+
+// === streams: IR events → messages client events ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    None,
+    Text,
+    Thinking,
+    Tool(usize),
+}
+
+#[derive(Debug)]
+pub struct StreamEncoder {
+    model: String,
+    started: bool,
+    next_block: u64,
+    open: Open,
+    /// IR tool index → its block index, so a late fragment still reaches its own block.
+    tool_blocks: Vec<(usize, u64)>,
+    finish: Option<Finish>,
+    usage: Usage,
+    done: bool,
+}
+
+impl StreamEncoder {
+    pub fn new(client_model: &str) -> Self {
+        Self {
+            model: client_model.to_owned(),
+            started: false,
+            next_block: 0,
+            open: Open::None,
+            tool_blocks: Vec::new(),
+            finish: None,
+            usage: Usage::default(),
+            done: false,
+        }
+    }
+
+    fn start(&mut self, id: &str, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let id = if id.is_empty() {
+            ir::mint_id("msg_")
+        } else {
+            reprefix(id, "msg_")
+        };
+        let ev = json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
+            "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": self.usage.input, "output_tokens": 0}}});
+        sse::write_json_event(out, Some("message_start"), &ev);
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) {
+        if self.open != Open::None {
+            let ev = json!({"type": "content_block_stop", "index": self.next_block - 1});
+            sse::write_json_event(out, Some("content_block_stop"), &ev);
+            self.open = Open::None;
+        }
+    }
+
+    fn open(&mut self, kind: Open, block: Value, out: &mut Vec<u8>) {
+        self.close(out);
+        let ev = json!({"type": "content_block_start", "index": self.next_block, "content_block": block});
+        sse::write_json_event(out, Some("content_block_start"), &ev);
+        self.next_block += 1;
+        self.open = kind;
+    }
+
+    fn delta(&self, delta: Value, out: &mut Vec<u8>) {
+        self.delta_at(self.next_block - 1, delta, out);
+    }
+
+    fn delta_at(&self, block: u64, delta: Value, out: &mut Vec<u8>) {
+        let ev = json!({"type": "content_block_delta", "index": block, "delta": delta});
+        sse::write_json_event(out, Some("content_block_delta"), &ev);
+    }
+
+    pub fn encode(&mut self, ev: Event, out: &mut Vec<u8>) {
+        if self.done {
+            return;
+        }
+        if !matches!(ev, Event::Start { .. } | Event::Error(_) | Event::Usage(_)) {
+            self.start("", out);
+        }
+        match ev {
+            Event::Start { id, .. } => self.start(&id, out),
+            Event::ReasoningDelta(t) => {
+                if self.open != Open::Thinking {
+                    self.open(
+                        Open::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        out,
+                    );
+                }
+                self.delta(json!({"type": "thinking_delta", "thinking": t}), out);
+            }
+            Event::ReasoningSignature(sig) => {
+                if self.open != Open::Thinking {
+                    self.open(
+                        Open::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        out,
+                    );
+                }
+                self.delta(json!({"type": "signature_delta", "signature": sig}), out);
+            }
+            Event::RedactedReasoning(data) => {
+                self.open(
+                    Open::Thinking,
+                    json!({"type": "redacted_thinking", "data": data}),
+                    out,
+                );
+                self.close(out);
+            }
+            Event::TextDelta(t) => {
+                if self.open != Open::Text {
+                    self.open(Open::Text, json!({"type": "text", "text": ""}), out);
+                }
+                self.delta(json!({"type": "text_delta", "text": t}), out);
+            }
+            Event::ToolStart { index, id, name } => {
+                self.tool_blocks.push((index, self.next_block));
+                self.open(
+                    Open::Tool(index),
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    out,
+                );
+            }
+            Event::ToolArgs { index, fragment } => {
+                let delta = json!({"type": "input_json_delta", "partial_json": fragment});
+                if self.open == Open::Tool(index) {
+                    self.delta(delta, out);
+                } else if let Some(&(_, block)) = self.tool_blocks.iter().find(|(t, _)| *t == index)
+                {
+                    // Rare: more arguments for a call whose block already closed (the sequencer
+                    // holds back the usual interleaving). Its own index keeps it lossless for
+                    // clients that key deltas by index, as Anthropic's SDKs do.
+                    tracing::debug!(index, "argument fragment after its block closed");
+                    self.delta_at(block, delta, out);
+                }
+            }
+            Event::Finish(f) => {
+                self.close(out);
+                self.finish = Some(f);
+            }
+            Event::Usage(u) => self.usage = u,
+            Event::End => {
+                self.close(out);
+                let f = self.finish.take().unwrap_or_default();
+                let stop_sequence = match &f {
+                    Finish::StopSequence(s) => json!(s),
+                    _ => Value::Null,
+                };
+                let ev = json!({"type": "message_delta", "delta": {"stop_reason": finish_name(&f), "stop_sequence": stop_sequence},
+                    "usage": usage_json(&self.usage)});
+                sse::write_json_event(out, Some("message_delta"), &ev);
+                sse::write_json_event(out, Some("message_stop"), &json!({"type": "message_stop"}));
+                self.done = true;
+            }
+            Event::Error(e) => {
+                sse::write_json_event(out, Some("error"), &error_body(&e));
+                self.done = true;
+            }
+        }
+    }
+}

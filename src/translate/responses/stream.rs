@@ -1,0 +1,428 @@
+//! OpenAI Responses streams: upstream events → IR events, and IR events → events for a responses client.
+
+use super::*;
+
+// === streams: responses upstream events → IR ===
+
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    /// item id → (IR tool index, whether any argument delta was seen).
+    calls: Vec<(String, usize, bool)>,
+}
+
+impl StreamDecoder {
+    fn call_started(&mut self, item: &Value, out: &mut Vec<Event>) -> usize {
+        let item_id = item
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if let Some((_, k, _)) = self.calls.iter().find(|(id, _, _)| *id == item_id) {
+            return *k;
+        }
+        let k = self.calls.len();
+        self.calls.push((item_id, k, false));
+        out.push(Event::ToolStart {
+            index: k,
+            id: item
+                .get("call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            name: item
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        });
+        k
+    }
+
+    pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
+        if ev.data.trim_start().starts_with("[DONE]") {
+            return; // some proxies append it; the terminal event already ended the stream
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+            out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
+                code: None,
+            }));
+            return;
+        };
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("");
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        match kind {
+            "response.created" => {
+                let r = v.get("response").unwrap_or(&Value::Null);
+                out.push(Event::Start {
+                    id: r.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                    model: r
+                        .get("model")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    created: r
+                        .get("created_at")
+                        .and_then(Value::as_u64)
+                        .unwrap_or_else(ir::now_secs),
+                });
+            }
+            "response.output_item.added" => {
+                let item = v.get("item").unwrap_or(&Value::Null);
+                if item.get("type").and_then(Value::as_str) == Some("function_call") {
+                    self.call_started(item, out);
+                }
+            }
+            "response.output_text.delta" | "response.refusal.delta" => {
+                out.push(Event::TextDelta(s("delta")))
+            }
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                out.push(Event::ReasoningDelta(s("delta")))
+            }
+            "response.function_call_arguments.delta" => {
+                let item_id = s("item_id");
+                if let Some(c) = self.calls.iter_mut().find(|(id, _, _)| *id == item_id) {
+                    c.2 = true;
+                    let index = c.1;
+                    out.push(Event::ToolArgs {
+                        index,
+                        fragment: s("delta"),
+                    });
+                }
+            }
+            "response.function_call_arguments.done" | "response.output_item.done" => {
+                // Some upstreams send only the done event with the whole arguments.
+                let item = v.get("item").cloned().unwrap_or_else(|| json!({"id": s("item_id"), "type": "function_call", "arguments": s("arguments"), "name": s("name")}));
+                if item.get("type").and_then(Value::as_str) != Some("function_call") {
+                    return;
+                }
+                let k = self.call_started(&item, out);
+                if let Some(c) = self.calls.iter_mut().find(|(_, idx, _)| *idx == k) {
+                    let args = item.get("arguments").and_then(Value::as_str).unwrap_or("");
+                    if !c.2 && !args.is_empty() {
+                        c.2 = true;
+                        out.push(Event::ToolArgs {
+                            index: k,
+                            fragment: args.to_owned(),
+                        });
+                    }
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                let r = v.get("response").unwrap_or(&Value::Null);
+                if let Some(u) = r.get("usage").filter(|u| u.is_object()) {
+                    out.push(Event::Usage(usage_from(u)));
+                }
+                out.push(Event::Finish(finish_from(r)));
+                out.push(Event::End);
+            }
+            "response.failed" => {
+                let r = v.get("response").unwrap_or(&Value::Null);
+                out.push(Event::Error(ir::ErrorInfo {
+                    status: 502,
+                    message: r
+                        .pointer("/error/message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("the upstream response failed")
+                        .to_owned(),
+                    code: r
+                        .pointer("/error/code")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                }));
+            }
+            "error" => out.push(Event::Error(ir::ErrorInfo {
+                status: 502,
+                message: v
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("upstream error")
+                    .to_owned(),
+                code: v.get("code").and_then(Value::as_str).map(str::to_owned),
+            })),
+            _ => {}
+        }
+    }
+}
+
+// === streams: IR events → responses client events ===
+
+#[derive(Debug)]
+enum OpenItem {
+    Reasoning {
+        id: String,
+        text: String,
+        signature: Option<String>,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        args: String,
+        tool: usize,
+    },
+}
+
+#[derive(Debug)]
+pub struct StreamEncoder {
+    id: String,
+    model: String,
+    created: u64,
+    echo: Echo,
+    seq: u64,
+    started: bool,
+    open: Option<OpenItem>,
+    output: Vec<Value>,
+    /// IR tool index → (item id, output index) of every call item written so far.
+    calls: Vec<(usize, String, usize)>,
+    finish: Option<Finish>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl StreamEncoder {
+    pub fn new(client_model: &str, echo: Echo) -> Self {
+        Self {
+            id: ir::mint_id("resp_"),
+            model: client_model.to_owned(),
+            created: ir::now_secs(),
+            echo,
+            seq: 0,
+            started: false,
+            open: None,
+            output: Vec::new(),
+            calls: Vec::new(),
+            finish: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    fn emit(&mut self, out: &mut Vec<u8>, kind: &str, mut payload: Value) {
+        payload["type"] = json!(kind);
+        payload["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        sse::write_json_event(out, Some(kind), &payload);
+    }
+
+    fn object(&self, status: &str) -> Value {
+        let done = status != "in_progress";
+        response_object(
+            Head(&self.id, self.created, &self.model),
+            status,
+            if done {
+                self.output.clone()
+            } else {
+                Vec::new()
+            },
+            self.finish.as_ref(),
+            if done { self.usage.as_ref() } else { None },
+            &self.echo,
+        )
+    }
+
+    fn start(&mut self, out: &mut Vec<u8>) {
+        if !self.started {
+            self.started = true;
+            let r = self.object("in_progress");
+            self.emit(out, "response.created", json!({"response": r}));
+            let r = self.object("in_progress");
+            self.emit(out, "response.in_progress", json!({"response": r}));
+        }
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) {
+        self.close_as(out, "completed");
+    }
+
+    /// Closes the open item with `status` (`incomplete` for the item a truncated reply ends in).
+    fn close_as(&mut self, out: &mut Vec<u8>, status: &str) {
+        let Some(item) = self.open.take() else { return };
+        let output_index = self.output.len();
+        let done = match item {
+            OpenItem::Reasoning {
+                id,
+                text,
+                signature,
+            } => {
+                self.emit(out, "response.reasoning_summary_text.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "text": text}));
+                self.emit(out, "response.reasoning_summary_part.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": text}}));
+                reasoning_item(&id, &text, signature.as_deref())
+            }
+            OpenItem::Message { id, text } => {
+                self.emit(out, "response.output_text.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []}));
+                self.emit(out, "response.content_part.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
+                message_item(&id, &text, status)
+            }
+            OpenItem::Call {
+                id,
+                call_id,
+                name,
+                args,
+                ..
+            } => {
+                self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
+                call_item(&id, &call_id, &name, &args, status)
+            }
+        };
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": output_index, "item": done}),
+        );
+        self.output.push(done);
+    }
+
+    /// More arguments for a call item already written out (rare: the sequencer holds back the
+    /// usual interleaving). The delta names the item, and the final output carries them too.
+    fn late_args(&mut self, tool: usize, fragment: &str, out: &mut Vec<u8>) {
+        let Some(&(_, ref item_id, output_index)) = self.calls.iter().find(|(t, _, _)| *t == tool)
+        else {
+            return;
+        };
+        let item_id = item_id.clone();
+        if let Some(item) = self.output.get_mut(output_index) {
+            let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
+            item["arguments"] = json!(joined);
+        }
+        tracing::debug!(tool, "argument fragment after its item closed");
+        self.emit(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": output_index, "delta": fragment}),
+        );
+    }
+
+    pub fn encode(&mut self, ev: Event, out: &mut Vec<u8>) {
+        if self.done {
+            return;
+        }
+        if !matches!(ev, Event::Start { .. } | Event::Error(_)) {
+            self.start(out);
+        }
+        let output_index = self.output.len();
+        match ev {
+            Event::Start { id, created, .. } => {
+                if !id.is_empty() {
+                    self.id = reprefix(&id, "resp_");
+                }
+                self.created = created;
+                self.start(out);
+            }
+            Event::ReasoningDelta(t) => {
+                if !matches!(self.open, Some(OpenItem::Reasoning { .. })) {
+                    self.close(out);
+                    let id = ir::mint_id("rs_");
+                    let output_index = self.output.len();
+                    self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "reasoning", "id": id, "summary": []}}));
+                    self.emit(out, "response.reasoning_summary_part.added", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}));
+                    self.open = Some(OpenItem::Reasoning {
+                        id,
+                        text: String::new(),
+                        signature: None,
+                    });
+                }
+                if let Some(OpenItem::Reasoning { id, text, .. }) = &mut self.open {
+                    text.push_str(&t);
+                    let id = id.clone();
+                    self.emit(out, "response.reasoning_summary_text.delta", json!({"item_id": id, "output_index": self.output.len(), "summary_index": 0, "delta": t}));
+                }
+            }
+            Event::ReasoningSignature(sig) => {
+                if let Some(OpenItem::Reasoning { signature, .. }) = &mut self.open {
+                    signature.get_or_insert_with(String::new).push_str(&sig);
+                }
+            }
+            Event::RedactedReasoning(_) => {}
+            Event::TextDelta(t) => {
+                if !matches!(self.open, Some(OpenItem::Message { .. })) {
+                    self.close(out);
+                    let id = ir::mint_id("msg_");
+                    let output_index = self.output.len();
+                    self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}));
+                    self.emit(out, "response.content_part.added", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
+                    self.open = Some(OpenItem::Message {
+                        id,
+                        text: String::new(),
+                    });
+                }
+                if let Some(OpenItem::Message { id, text }) = &mut self.open {
+                    text.push_str(&t);
+                    let id = id.clone();
+                    self.emit(out, "response.output_text.delta", json!({"item_id": id, "output_index": self.output.len(), "content_index": 0, "delta": t, "logprobs": []}));
+                }
+            }
+            Event::ToolStart {
+                index,
+                id: call_id,
+                name,
+            } => {
+                self.close(out);
+                let id = ir::mint_id("fc_");
+                let output_index = self.output.len();
+                self.calls.push((index, id.clone(), output_index));
+                self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": call_item(&id, &call_id, &name, "", "in_progress")}));
+                self.open = Some(OpenItem::Call {
+                    id,
+                    call_id,
+                    name,
+                    args: String::new(),
+                    tool: index,
+                });
+            }
+            Event::ToolArgs { index, fragment } => match &mut self.open {
+                Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
+                    args.push_str(&fragment);
+                    let id = id.clone();
+                    self.emit(
+                        out,
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": output_index, "delta": fragment}),
+                    );
+                }
+                _ => self.late_args(index, &fragment, out),
+            },
+            Event::Finish(f) => self.finish = Some(f),
+            Event::Usage(u) => self.usage = Some(u),
+            Event::End => {
+                let f = self.finish.clone().unwrap_or_default();
+                let status = status_of(&f);
+                self.close_as(out, status);
+                let r = self.object(status);
+                let kind = if status == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
+                self.emit(out, kind, json!({"response": r}));
+                self.done = true;
+            }
+            Event::Error(e) => {
+                self.start(out);
+                let mut r = self.object("failed");
+                r["error"] = json!({"code": e.code.clone().unwrap_or_else(|| "server_error".into()), "message": e.message});
+                // `response.failed` is terminal, so nothing may follow it (protocols.md §0).
+                let code = e.code.clone().unwrap_or_else(|| "server_error".into());
+                // The nested `error` object is what the OpenAI SDKs raise on mid-stream; the flat
+                // fields are the Responses `error` event's own shape.
+                self.emit(
+                    out,
+                    "error",
+                    json!({"code": code, "message": e.message, "param": null,
+                        "error": {"type": "server_error", "code": code, "message": e.message}}),
+                );
+                self.emit(out, "response.failed", json!({"response": r}));
+                self.done = true;
+            }
+        }
+    }
+}
