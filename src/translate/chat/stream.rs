@@ -1,5 +1,9 @@
 //! Chat Completions streams: upstream chunks → IR events, and IR events → chunks for a chat client.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
 use super::*;
 
 // === streams: chat upstream chunks → IR events ===
@@ -11,6 +15,64 @@ pub struct StreamDecoder {
     tools: Vec<u64>,
 }
 
+/// A chat chunk as most upstreams send it, read without building a `Value` tree; anything that
+/// does not fit (a number where a string should be, say) falls back to the general reader.
+#[derive(Deserialize)]
+struct ChunkIn<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    created: Option<u64>,
+    #[serde(borrow, default)]
+    choices: Vec<ChoiceIn<'a>>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceIn<'a> {
+    #[serde(borrow, default)]
+    delta: Option<DeltaIn<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaIn<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCallIn<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallIn<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<FunctionIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionIn<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
 impl StreamDecoder {
     pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
         let data = ev.data.trim();
@@ -18,6 +80,83 @@ impl StreamDecoder {
             out.push(Event::End);
             return;
         }
+        match serde_json::from_str::<ChunkIn<'_>>(data) {
+            Ok(chunk) => self.decode_typed(chunk, out),
+            Err(_) => self.decode_value(data, out),
+        }
+    }
+
+    fn tool_index(&mut self, chat_index: u64) -> (usize, bool) {
+        match self.tools.iter().position(|i| *i == chat_index) {
+            Some(i) => (i, false),
+            None => {
+                self.tools.push(chat_index);
+                (self.tools.len() - 1, true)
+            }
+        }
+    }
+
+    fn decode_typed(&mut self, chunk: ChunkIn<'_>, out: &mut Vec<Event>) {
+        if let Some(e) = chunk.error.filter(|e| !e.is_null()) {
+            out.push(Event::Error(error_from_body(500, &json!({ "error": e }))));
+            return;
+        }
+        if !self.started {
+            self.started = true;
+            out.push(Event::Start {
+                id: chunk.id.map(Cow::into_owned).unwrap_or_default(),
+                model: chunk.model.map(Cow::into_owned).unwrap_or_default(),
+                created: chunk.created.unwrap_or_else(ir::now_secs),
+            });
+        }
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            if let Some(delta) = choice.delta {
+                if let Some(r) = delta
+                    .reasoning_content
+                    .or(delta.reasoning)
+                    .filter(|r| !r.is_empty())
+                {
+                    out.push(Event::ReasoningDelta(r.into_owned()));
+                }
+                for t in [delta.content, delta.refusal].into_iter().flatten() {
+                    if !t.is_empty() {
+                        out.push(Event::TextDelta(t.into_owned()));
+                    }
+                }
+                for call in delta.tool_calls.into_iter().flatten() {
+                    let (index, new) = self.tool_index(call.index.unwrap_or(0));
+                    let (name, args) = match call.function {
+                        Some(f) => (f.name, f.arguments),
+                        None => (None, None),
+                    };
+                    if new {
+                        out.push(Event::ToolStart {
+                            index,
+                            id: call
+                                .id
+                                .map_or_else(|| ir::mint_id("call_"), Cow::into_owned),
+                            name: name.map(Cow::into_owned).unwrap_or_default(),
+                        });
+                    }
+                    if let Some(a) = args.filter(|a| !a.is_empty()) {
+                        out.push(Event::ToolArgs {
+                            index,
+                            fragment: a.into_owned(),
+                        });
+                    }
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                out.push(Event::Finish(finish_from(Some(&reason))));
+            }
+        }
+        if let Some(u) = chunk.usage.filter(Value::is_object) {
+            out.push(Event::Usage(usage_from(&u)));
+        }
+    }
+
+    /// The general reader, for chunks the typed one does not accept.
+    fn decode_value(&mut self, data: &str, out: &mut Vec<Event>) {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
@@ -111,6 +250,57 @@ impl StreamDecoder {
 
 // === streams: IR events → chat client chunks ===
 
+/// A chunk written straight from borrowed parts: the hot path builds no `Value` tree.
+#[derive(Serialize)]
+struct ChunkOut<'a, D> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [ChoiceOut<'a, D>; 1],
+    /// With include_usage, every chunk before the usage chunk carries `usage: null` (A.5 rule 5).
+    #[serde(skip_serializing_if = "std::ops::Not::not", serialize_with = "null")]
+    usage: bool,
+}
+
+#[derive(Serialize)]
+struct ChoiceOut<'a, D> {
+    index: u32,
+    delta: D,
+    logprobs: (),
+    finish_reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ContentOut<'a> {
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ReasoningOut<'a> {
+    reasoning_content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolCallsOut<'a> {
+    tool_calls: [ToolArgsOut<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct ToolArgsOut<'a> {
+    index: usize,
+    function: ArgsOut<'a>,
+}
+
+#[derive(Serialize)]
+struct ArgsOut<'a> {
+    arguments: &'a str,
+}
+
+fn null<S: serde::Serializer>(_: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_unit()
+}
+
 #[derive(Debug)]
 pub struct StreamEncoder {
     id: String,
@@ -137,13 +327,20 @@ impl StreamEncoder {
         }
     }
 
-    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
-        let mut c = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
-        // With include_usage, every chunk before the usage chunk carries `usage: null` (A.5 rule 5).
-        if self.include_usage {
-            c["usage"] = Value::Null;
-        }
+    fn chunk<D: Serialize>(&self, out: &mut Vec<u8>, delta: D, finish: Option<&str>) {
+        let c = ChunkOut {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices: [ChoiceOut {
+                index: 0,
+                delta,
+                logprobs: (),
+                finish_reason: finish,
+            }],
+            usage: self.include_usage,
+        };
         sse::write_json_event(out, None, &c);
     }
 
@@ -168,7 +365,13 @@ impl StreamEncoder {
             }
             Event::ReasoningDelta(t) => {
                 self.ensure_started(out);
-                self.chunk(out, json!({"reasoning_content": t}), None);
+                self.chunk(
+                    out,
+                    ReasoningOut {
+                        reasoning_content: &t,
+                    },
+                    None,
+                );
             }
             Event::ReasoningSignature(sig) => {
                 self.ensure_started(out);
@@ -184,18 +387,20 @@ impl StreamEncoder {
             }
             Event::TextDelta(t) => {
                 self.ensure_started(out);
-                self.chunk(out, json!({"content": t}), None);
+                self.chunk(out, ContentOut { content: &t }, None);
             }
             Event::ToolStart { index, id, name } => {
                 self.ensure_started(out);
                 self.chunk(out, json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None);
             }
             Event::ToolArgs { index, fragment } => {
-                self.chunk(
-                    out,
-                    json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
-                    None,
-                );
+                let call = ToolArgsOut {
+                    index,
+                    function: ArgsOut {
+                        arguments: &fragment,
+                    },
+                };
+                self.chunk(out, ToolCallsOut { tool_calls: [call] }, None);
             }
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),

@@ -1,5 +1,9 @@
 //! Anthropic Messages streams: upstream events → IR events, and IR events → events for a messages client.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
 use super::*;
 
 // === streams: messages upstream events → IR ===
@@ -11,6 +15,27 @@ pub struct StreamDecoder {
     blocks: Vec<(u64, BlockKind)>,
     tools: usize,
     usage: Usage,
+}
+
+#[derive(Deserialize)]
+struct BlockDeltaIn<'a> {
+    index: u64,
+    #[serde(borrow)]
+    delta: DeltaIn<'a>,
+}
+
+#[derive(Deserialize)]
+struct DeltaIn<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +52,49 @@ impl StreamDecoder {
         }
     }
 
+    /// A delta inside a block: the one event that comes by the hundred, so it is read typed.
+    fn block_delta(&mut self, index: u64, kind: &str, value: String, out: &mut Vec<Event>) {
+        match kind {
+            "text_delta" => out.push(Event::TextDelta(value)),
+            "thinking_delta" => out.push(Event::ReasoningDelta(value)),
+            "signature_delta" => out.push(Event::ReasoningSignature(value)),
+            "input_json_delta" if !value.is_empty() => {
+                match self
+                    .blocks
+                    .iter()
+                    .find(|(i, _)| *i == index)
+                    .map(|(_, k)| *k)
+                {
+                    Some(BlockKind::Tool(k)) => out.push(Event::ToolArgs {
+                        index: k,
+                        fragment: value,
+                    }),
+                    Some(BlockKind::JsonText) => out.push(Event::TextDelta(value)),
+                    None => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
     pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
+        if ev.event.as_deref() == Some("content_block_delta") {
+            if let Ok(d) = serde_json::from_str::<BlockDeltaIn<'_>>(&ev.data) {
+                let value = [
+                    d.delta.text,
+                    d.delta.thinking,
+                    d.delta.signature,
+                    d.delta.partial_json,
+                ]
+                .into_iter()
+                .flatten()
+                .next()
+                .map(Cow::into_owned)
+                .unwrap_or_default();
+                self.block_delta(d.index, &d.delta.kind, value, out);
+                return;
+            }
+        }
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
@@ -103,32 +170,12 @@ impl StreamDecoder {
             "content_block_delta" => {
                 let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
                 let d = v.get("delta").unwrap_or(&Value::Null);
-                let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-                match d.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => out.push(Event::TextDelta(s("text"))),
-                    Some("thinking_delta") => out.push(Event::ReasoningDelta(s("thinking"))),
-                    Some("signature_delta") => out.push(Event::ReasoningSignature(s("signature"))),
-                    Some("input_json_delta") => {
-                        let frag = s("partial_json");
-                        if frag.is_empty() {
-                            return;
-                        }
-                        match self
-                            .blocks
-                            .iter()
-                            .find(|(i, _)| *i == index)
-                            .map(|(_, k)| *k)
-                        {
-                            Some(BlockKind::Tool(k)) => out.push(Event::ToolArgs {
-                                index: k,
-                                fragment: frag,
-                            }),
-                            Some(BlockKind::JsonText) => out.push(Event::TextDelta(frag)),
-                            None => {}
-                        }
-                    }
-                    _ => {}
-                }
+                let kind = d.get("type").and_then(Value::as_str).unwrap_or("");
+                let text = ["text", "thinking", "signature", "partial_json"]
+                    .iter()
+                    .find_map(|k| d.get(*k).and_then(Value::as_str))
+                    .unwrap_or("");
+                self.block_delta(index, kind, text.to_owned(), out);
             }
             "message_delta" => {
                 if let Some(u) = v.get("usage") {
@@ -167,6 +214,28 @@ impl StreamDecoder {
 }
 
 // === streams: IR events → messages client events ===
+
+/// `content_block_delta`, written from borrowed parts without a `Value` tree.
+#[derive(Serialize)]
+struct BlockDeltaOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    index: u64,
+    delta: DeltaOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum DeltaOut<'a> {
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -235,12 +304,16 @@ impl StreamEncoder {
         self.open = kind;
     }
 
-    fn delta(&self, delta: Value, out: &mut Vec<u8>) {
+    fn delta(&self, delta: DeltaOut<'_>, out: &mut Vec<u8>) {
         self.delta_at(self.next_block - 1, delta, out);
     }
 
-    fn delta_at(&self, block: u64, delta: Value, out: &mut Vec<u8>) {
-        let ev = json!({"type": "content_block_delta", "index": block, "delta": delta});
+    fn delta_at(&self, block: u64, delta: DeltaOut<'_>, out: &mut Vec<u8>) {
+        let ev = BlockDeltaOut {
+            kind: "content_block_delta",
+            index: block,
+            delta,
+        };
         sse::write_json_event(out, Some("content_block_delta"), &ev);
     }
 
@@ -261,7 +334,7 @@ impl StreamEncoder {
                         out,
                     );
                 }
-                self.delta(json!({"type": "thinking_delta", "thinking": t}), out);
+                self.delta(DeltaOut::Thinking { thinking: &t }, out);
             }
             Event::ReasoningSignature(sig) => {
                 if self.open != Open::Thinking {
@@ -271,7 +344,7 @@ impl StreamEncoder {
                         out,
                     );
                 }
-                self.delta(json!({"type": "signature_delta", "signature": sig}), out);
+                self.delta(DeltaOut::Signature { signature: &sig }, out);
             }
             Event::RedactedReasoning(data) => {
                 self.open(
@@ -285,7 +358,7 @@ impl StreamEncoder {
                 if self.open != Open::Text {
                     self.open(Open::Text, json!({"type": "text", "text": ""}), out);
                 }
-                self.delta(json!({"type": "text_delta", "text": t}), out);
+                self.delta(DeltaOut::Text { text: &t }, out);
             }
             Event::ToolStart { index, id, name } => {
                 self.tool_blocks.push((index, self.next_block));
@@ -296,7 +369,9 @@ impl StreamEncoder {
                 );
             }
             Event::ToolArgs { index, fragment } => {
-                let delta = json!({"type": "input_json_delta", "partial_json": fragment});
+                let delta = DeltaOut::InputJson {
+                    partial_json: &fragment,
+                };
                 if self.open == Open::Tool(index) {
                     self.delta(delta, out);
                 } else if let Some(&(_, block)) = self.tool_blocks.iter().find(|(t, _)| *t == index)

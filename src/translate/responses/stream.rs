@@ -1,6 +1,41 @@
 //! OpenAI Responses streams: upstream events → IR events, and IR events → events for a responses client.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
 use super::*;
+
+#[derive(Deserialize)]
+struct DeltaIn<'a> {
+    #[serde(borrow)]
+    delta: Cow<'a, str>,
+    #[serde(borrow, default)]
+    item_id: Option<Cow<'a, str>>,
+}
+
+/// A `*.delta` event written from borrowed parts without a `Value` tree.
+#[derive(Serialize)]
+struct DeltaOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    item_id: &'a str,
+    output_index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary_index: Option<u32>,
+    delta: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<[(); 0]>,
+}
+
+impl DeltaOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        sse::write_json_event(out, Some(self.kind), self);
+    }
+}
 
 // === streams: responses upstream events → IR ===
 
@@ -41,6 +76,36 @@ impl StreamDecoder {
     pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
         if ev.data.trim_start().starts_with("[DONE]") {
             return; // some proxies append it; the terminal event already ended the stream
+        }
+        // Deltas come by the hundred: read them typed, without a `Value` tree.
+        if let Some(
+            kind @ ("response.output_text.delta"
+            | "response.refusal.delta"
+            | "response.reasoning_summary_text.delta"
+            | "response.reasoning_text.delta"
+            | "response.function_call_arguments.delta"),
+        ) = ev.event.as_deref()
+        {
+            if let Ok(d) = serde_json::from_str::<DeltaIn<'_>>(&ev.data) {
+                let delta = d.delta.into_owned();
+                match kind {
+                    "response.function_call_arguments.delta" => {
+                        let item_id = d.item_id.unwrap_or_default();
+                        if let Some(c) = self.calls.iter_mut().find(|(id, _, _)| *id == item_id) {
+                            c.2 = true;
+                            out.push(Event::ToolArgs {
+                                index: c.1,
+                                fragment: delta,
+                            });
+                        }
+                    }
+                    "response.output_text.delta" | "response.refusal.delta" => {
+                        out.push(Event::TextDelta(delta))
+                    }
+                    _ => out.push(Event::ReasoningDelta(delta)),
+                }
+                return;
+            }
         }
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
             out.push(Event::Error(ir::ErrorInfo {
@@ -333,8 +398,18 @@ impl StreamEncoder {
                 }
                 if let Some(OpenItem::Reasoning { id, text, .. }) = &mut self.open {
                     text.push_str(&t);
-                    let id = id.clone();
-                    self.emit(out, "response.reasoning_summary_text.delta", json!({"item_id": id, "output_index": self.output.len(), "summary_index": 0, "delta": t}));
+                    self.seq += 1;
+                    DeltaOut {
+                        kind: "response.reasoning_summary_text.delta",
+                        sequence_number: self.seq - 1,
+                        item_id: id,
+                        output_index: self.output.len(),
+                        content_index: None,
+                        summary_index: Some(0),
+                        delta: &t,
+                        logprobs: None,
+                    }
+                    .write(out);
                 }
             }
             Event::ReasoningSignature(sig) => {
@@ -357,8 +432,18 @@ impl StreamEncoder {
                 }
                 if let Some(OpenItem::Message { id, text }) = &mut self.open {
                     text.push_str(&t);
-                    let id = id.clone();
-                    self.emit(out, "response.output_text.delta", json!({"item_id": id, "output_index": self.output.len(), "content_index": 0, "delta": t, "logprobs": []}));
+                    self.seq += 1;
+                    DeltaOut {
+                        kind: "response.output_text.delta",
+                        sequence_number: self.seq - 1,
+                        item_id: id,
+                        output_index: self.output.len(),
+                        content_index: Some(0),
+                        summary_index: None,
+                        delta: &t,
+                        logprobs: Some([]),
+                    }
+                    .write(out);
                 }
             }
             Event::ToolStart {
@@ -382,12 +467,18 @@ impl StreamEncoder {
             Event::ToolArgs { index, fragment } => match &mut self.open {
                 Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
                     args.push_str(&fragment);
-                    let id = id.clone();
-                    self.emit(
-                        out,
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": output_index, "delta": fragment}),
-                    );
+                    self.seq += 1;
+                    DeltaOut {
+                        kind: "response.function_call_arguments.delta",
+                        sequence_number: self.seq - 1,
+                        item_id: id,
+                        output_index,
+                        content_index: None,
+                        summary_index: None,
+                        delta: &fragment,
+                        logprobs: None,
+                    }
+                    .write(out);
                 }
                 _ => self.late_args(index, &fragment, out),
             },
