@@ -100,16 +100,21 @@ impl Tail {
     }
 
     /// True when `needle` occurs in the kept tail followed by `data` (so a marker split across
-    /// frames is still found), without copying `data`.
+    /// frames is still found), without copying `data` or allocating.
     fn spans(&self, data: &[u8], needle: &[u8]) -> bool {
-        if data.windows(needle.len()).any(|w| w == needle) {
+        if memchr::memmem::find(data, needle).is_some() {
             return true;
         }
-        let head = &data[..data.len().min(needle.len())];
-        let mut joined = Vec::with_capacity(self.buf.len() + head.len());
-        joined.extend_from_slice(&self.buf);
-        joined.extend_from_slice(head);
-        joined.windows(needle.len()).any(|w| w == needle)
+        // Only the seam between frames is left: the kept tail and the start of `data`.
+        let head = &data[..data.len().min(needle.len().saturating_sub(1))];
+        let mut seam = [0u8; Self::KEEP + 32];
+        let len = self.buf.len() + head.len();
+        if len > seam.len() {
+            return false;
+        }
+        seam[..self.buf.len()].copy_from_slice(&self.buf);
+        seam[self.buf.len()..len].copy_from_slice(head);
+        memchr::memmem::find(&seam[..len], needle).is_some()
     }
 
     fn ends_event(&self) -> bool {
@@ -230,5 +235,28 @@ where
             // A guarded stream may grow by an error event, so its length is never exact.
             _ => SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_is_found_inside_a_frame_and_across_the_seam() {
+        let marker = b"message_stop";
+        for cut in 0..=marker.len() {
+            let mut tail = Tail::default();
+            let first = [&b"event: x\ndata: {}\n\nevent: "[..], &marker[..cut]].concat();
+            let second = [&marker[cut..], &b"\ndata: {}\n\n"[..]].concat();
+            let found_first = tail.spans(&first, marker);
+            tail.push(&first);
+            let found_second = tail.spans(&second, marker);
+            assert!(found_first || found_second, "cut at {cut}");
+        }
+        let mut tail = Tail::default();
+        tail.push(b"data: [DO");
+        assert!(!tail.spans(b"NE", b"[DONE]"));
+        assert!(Tail::default().spans(b"xx[DONE]xx", b"[DONE]"));
     }
 }
