@@ -32,6 +32,10 @@
 // The fake upstream's accept loop and connections are plain tasks that live as long as the bench.
 #![allow(clippy::disallowed_methods)]
 
+// The binary's allocator (src/main.rs), so the gateway here runs as `modelgate serve` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;

@@ -7,6 +7,10 @@
 
 mod common;
 
+// The binary's allocator (src/main.rs), so the figures are what `modelgate serve` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 
 use common::*;
