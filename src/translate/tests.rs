@@ -78,3 +78,69 @@ fn errors_are_not_delayed_by_held_calls() {
     let outs = run(vec![start(0), start(1), err.clone()]);
     assert_eq!(outs[2], vec![err]);
 }
+
+/// A body that never yields: an upstream gone silent.
+struct Silent;
+
+impl HttpBody for Silent {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Pending
+    }
+}
+
+fn translation(client: Protocol) -> Translation {
+    let config = crate::config::Config::parse(
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap();
+    let body = match client {
+        Protocol::Messages => {
+            r#"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+        }
+        _ => r#"{"model":"m","stream":true,"input":"hi"}"#,
+    };
+    request(
+        client,
+        Protocol::Chat,
+        body.as_bytes(),
+        &config.models[0],
+        "m",
+    )
+    .unwrap()
+    .1
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_clients_get_a_ping_while_the_upstream_is_silent() {
+    use http_body_util::BodyExt;
+    let t = translation(Protocol::Messages);
+    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t));
+    let started = tokio::time::Instant::now();
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.data_ref().unwrap().as_ref(), messages::PING);
+    assert!(started.elapsed() >= PING_INTERVAL);
+    // And again after another interval of silence.
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.data_ref().unwrap().as_ref(), messages::PING);
+    assert!(started.elapsed() >= PING_INTERVAL * 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_clients_get_no_ping() {
+    use http_body_util::BodyExt;
+    let t = translation(Protocol::Responses);
+    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t));
+    let waited = tokio::time::timeout(PING_INTERVAL * 3, body.frame()).await;
+    assert!(
+        waited.is_err(),
+        "a Responses stream has no keep-alive event"
+    );
+}
