@@ -1,3 +1,5 @@
+//! Config parsing tests: defaults, every error with its key path, secrets kept out of messages.
+
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigErrors> {

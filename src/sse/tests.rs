@@ -1,3 +1,5 @@
+//! SSE decoder tests: line ends, comments, multi-line data, and any split of the bytes.
+
 use super::*;
 
 fn decode_all(pieces: &[&[u8]]) -> Vec<SseEvent> {

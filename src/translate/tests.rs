@@ -1,3 +1,5 @@
+//! Translation glue tests: the tool-call sequencer and Anthropic keep-alive pings.
+
 use super::*;
 
 fn start(index: usize) -> Event {

@@ -1,3 +1,5 @@
+//! Inline-video scanner tests: base64 found and decoded across any split, escapes and elision.
+
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use http_body_util::{BodyExt, StreamBody};
 

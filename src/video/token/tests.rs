@@ -1,3 +1,5 @@
+//! Task and file id tests: signing, verification, rotation, and mangled ids refused.
+
 use super::*;
 
 fn signer(secrets: &[&str]) -> Signer {

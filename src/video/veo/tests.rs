@@ -1,3 +1,5 @@
+//! Veo mapping tests: the request field map, operation names and state mapping.
+
 use std::path::Path;
 use std::sync::Arc;
 
