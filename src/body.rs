@@ -42,17 +42,19 @@ pub enum StreamGuard {
 }
 
 impl StreamGuard {
-    /// Byte strings whose presence means the stream reached its own end (or its own error).
+    /// Lines whose presence means the stream reached its own end (or its own error). Each starts
+    /// with the line break before it: text inside a JSON payload cannot contain a raw newline, so a
+    /// model that writes "[DONE]" or "message_stop" in its answer is not mistaken for the end.
     fn terminals(self) -> &'static [&'static [u8]] {
         match self {
             Self::None => &[],
-            Self::Chat => &[b"[DONE]"],
-            Self::Messages => &[b"message_stop", b"event: error"],
+            Self::Chat => &[b"\ndata: [DONE]", b"\ndata:[DONE]"],
+            Self::Messages => &[b"\nevent: message_stop", b"\nevent: error"],
             Self::Responses => &[
-                b"response.completed",
-                b"response.incomplete",
-                b"response.failed",
-                b"event: error",
+                b"\nevent: response.completed",
+                b"\nevent: response.incomplete",
+                b"\nevent: response.failed",
+                b"\nevent: error",
             ],
         }
     }
@@ -82,9 +84,15 @@ impl StreamGuard {
 }
 
 /// Holds the last bytes of a stream, enough to see whether it ended with its terminator.
-#[derive(Default)]
 struct Tail {
     buf: Vec<u8>,
+}
+
+impl Default for Tail {
+    /// Starts as if after a line break, so a terminator on the stream's first line is found too.
+    fn default() -> Self {
+        Self { buf: vec![b'\n'] }
+    }
 }
 
 impl Tail {
@@ -118,7 +126,7 @@ impl Tail {
     }
 
     fn ends_event(&self) -> bool {
-        self.buf.is_empty() || self.buf.ends_with(b"\n\n") || self.buf.ends_with(b"\r\n\r\n")
+        self.buf == b"\n" || self.buf.ends_with(b"\n\n") || self.buf.ends_with(b"\r\n\r\n")
     }
 }
 
@@ -258,5 +266,9 @@ mod tests {
         tail.push(b"data: [DO");
         assert!(!tail.spans(b"NE", b"[DONE]"));
         assert!(Tail::default().spans(b"xx[DONE]xx", b"[DONE]"));
+        // The terminators carry their line break; the seed finds one on the very first line.
+        let done = StreamGuard::Chat.terminals()[0];
+        assert!(Tail::default().spans(b"data: [DONE]\n\n", done));
+        assert!(!Tail::default().spans(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
     }
 }
