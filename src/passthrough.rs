@@ -28,7 +28,14 @@ pub fn chat_body(
 /// Removes the client's thinking switches and writes the one the model's upstream understands.
 fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: Option<i64>) {
     obj.remove("enable_thinking");
-    obj.remove("thinking");
+    // A budget the client chose (Anthropic's spelling inside `thinking`) is kept where it can be.
+    let client_budget = obj
+        .remove("thinking")
+        .and_then(|raw| {
+            RawObject::from_raw(&raw)
+                .and_then(|t| t.get("budget_tokens").and_then(|b| json::as_i64(b).ok()))
+        })
+        .filter(|b| *b > 0);
     // Other template kwargs the client sent are the upstream's business; keep them.
     let mut kwargs: Option<String> = obj
         .remove("chat_template_kwargs")
@@ -53,9 +60,23 @@ fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: 
         ThinkingStyle::Anthropic => {
             let value = if on {
                 // Anthropic wants 1024 ≤ budget < max_tokens; half the reply budget leaves room for the answer.
-                let budget = max_tokens
-                    .or(model.default_max_tokens.map(i64::from))
-                    .map_or(1024, |m| (m / 2).max(1024));
+                let budget = client_budget.unwrap_or_else(|| {
+                    max_tokens
+                        .or(model.default_max_tokens.map(i64::from))
+                        .map_or(1024, |m| m / 2)
+                });
+                let budget = budget.max(1024);
+                // A reply limit at or under the budget would be refused; grow it, as the
+                // translation toward Anthropic does, rather than shrink the thinking.
+                if max_tokens.is_some_and(|m| m <= budget) {
+                    let grown = json::to_raw(&(budget + budget.min(4096)));
+                    let key = if obj.contains("max_completion_tokens") {
+                        "max_completion_tokens"
+                    } else {
+                        "max_tokens"
+                    };
+                    obj.set(key, grown);
+                }
                 json::to_raw(&serde_json::json!({"type": "enabled", "budget_tokens": budget}))
             } else {
                 raw_literal(r#"{"type":"disabled"}"#)

@@ -668,7 +668,9 @@ async fn thinking_rewrite_edge_cases() {
         t-enable         | {"chat_template_kwargs": {"enable_thinking": true}} | {"model": "t-enable", "enable_thinking": true}
         t-type           | {"chat_template_kwargs": {"enable_thinking": false}, "thinking": {"type": "disabled"}, "enable_thinking": false} | {"model": "t-type", "thinking": {"type": "disabled"}}
         t-kwargs         | {"chat_template_kwargs": {"enable_thinking": false}, "thinking": {"type": "disabled"}, "enable_thinking": false} | {"model": "t-kwargs", "chat_template_kwargs": {"enable_thinking": false}}
-        t-anthropic      | {"thinking": {"type": "enabled", "budget_tokens": 50}, "max_tokens": 10000} | {"model": "claude-up", "max_tokens": 10000, "thinking": {"type": "enabled", "budget_tokens": 5000}}
+        t-anthropic      | {"thinking": {"type": "enabled", "budget_tokens": 50}, "max_tokens": 10000} | {"model": "claude-up", "max_tokens": 10000, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        t-anthropic      | {"thinking": {"type": "enabled", "budget_tokens": 2000}, "max_tokens": 10000} | {"model": "claude-up", "max_tokens": 10000, "thinking": {"type": "enabled", "budget_tokens": 2000}}
+        t-anthropic      | {"enable_thinking": true, "max_tokens": 1000} | {"model": "claude-up", "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024}}
         t-anthropic      | {"enable_thinking": true, "max_completion_tokens": 3000} | {"model": "claude-up", "max_completion_tokens": 3000, "thinking": {"type": "enabled", "budget_tokens": 1500}}
         t-anthropic      | {"enable_thinking": true, "max_tokens": 1500} | {"model": "claude-up", "max_tokens": 1500, "thinking": {"type": "enabled", "budget_tokens": 1024}}
         t-anthropic-bare | {"enable_thinking": true}             | {"model": "t-anthropic-bare", "thinking": {"type": "enabled", "budget_tokens": 1024}}
@@ -678,9 +680,9 @@ async fn thinking_rewrite_edge_cases() {
         t-anthropic      | {"chat_template_kwargs": {"keep": 1}} | {"model": "claude-up", "chat_template_kwargs": {"keep": 1}}
     "#;
     // In order: only the switch was in chat_template_kwargs, so the object goes; three agreeing
-    // switches collapse into one form; the Anthropic budget is half of max_tokens (or
-    // max_completion_tokens, or default_max_tokens), at least 1024, replacing a client's own;
-    // no switch, no form invented.
+    // switches collapse into one form; the Anthropic budget is the client's own, else half of
+    // max_tokens (or max_completion_tokens, or default_max_tokens), at least 1024, and a reply
+    // limit at or under it grows so Anthropic accepts it; no switch, no form invented.
     check_rewrites(table).await;
 }
 

@@ -255,11 +255,13 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                 .and_then(Value::as_str)
                 .map(|t| t == "enabled")
         });
+    // Anthropic's spelling of a budget inside the chat `thinking` switch is kept.
+    let budget = v.pointer("/thinking/budget_tokens").and_then(Value::as_u64);
     r.thinking = match (switch, effort) {
         (None, None) => None,
         (Some(on), effort) => Some(ir::Thinking {
             enabled: on,
-            budget_tokens: None,
+            budget_tokens: budget,
             effort,
         }),
         (None, Some(e)) => Some(ir::Thinking {
