@@ -300,27 +300,9 @@ async fn messages_stream_passthrough_is_untouched_and_a_break_becomes_an_error_e
     .await;
     let gw = TestGateway::start(&same_protocol_config(&up.url())).await;
     let body = |max: u32| json!({"model": "am", "max_tokens": max, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let text = client()
-        .post(gw.base("/v1/messages"))
-        .bearer_auth(KEY)
-        .json(&body(5))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(&gw.base("/v1/messages"), &body(5)).await;
     assert_eq!(text, clean, "a clean stream passes byte for byte");
-    let text = client()
-        .post(gw.base("/v1/messages"))
-        .bearer_auth(KEY)
-        .json(&body(1))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(&gw.base("/v1/messages"), &body(1)).await;
     assert!(text.starts_with(events));
     let tail = &text[events.len()..];
     assert!(tail.starts_with("event: error\ndata: "), "{tail}");
@@ -358,27 +340,9 @@ async fn responses_passthrough_and_stream_break() {
     assert_eq!(seen.json()["unknown"], json!([1]));
 
     let stream = |input: &str| json!({"model": "ar", "input": input, "stream": true});
-    let text = client()
-        .post(gw.base("/v1/responses"))
-        .bearer_auth(KEY)
-        .json(&stream("ok"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(&gw.base("/v1/responses"), &stream("ok")).await;
     assert_eq!(text, clean);
-    let text = client()
-        .post(gw.base("/v1/responses"))
-        .bearer_auth(KEY)
-        .json(&stream("break"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(&gw.base("/v1/responses"), &stream("break")).await;
     assert!(text.starts_with(created));
     assert!(
         text[created.len()..].starts_with("event: error\ndata: "),

@@ -141,11 +141,7 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                             .filter(|s| !s.is_empty());
                         match b.get("type").and_then(Value::as_str) {
                             Some("thinking") => parts.push(Part::Reasoning(Reasoning {
-                                text: b
-                                    .get("thinking")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("")
-                                    .to_owned(),
+                                text: str_at(b, "thinking"),
                                 signature: sig.map(str::to_owned),
                                 redacted: None,
                             })),
@@ -633,12 +629,8 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, GatewayError> {
         });
     }
     Ok(ir::Response {
-        id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
+        id: str_at(v, "id"),
+        model: str_at(v, "model"),
         created: v
             .get("created")
             .and_then(Value::as_u64)

@@ -4,6 +4,12 @@ use serde_json::{Map, Value};
 
 use crate::error::GatewayError;
 
+/// A string field of an upstream's JSON, or "" when absent or not a string (replies are read
+/// leniently: an odd field must not fail the whole answer).
+pub fn str_at(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_owned()
+}
+
 pub fn get_str<'v>(v: &'v Value, key: &str, path: &str) -> Result<Option<&'v str>, GatewayError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),

@@ -83,11 +83,7 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
                 });
             }
             Some("thinking") => parts.push(Part::Reasoning(Reasoning {
-                text: b
-                    .get("thinking")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                text: str_at(b, "thinking"),
                 signature: b
                     .get("signature")
                     .and_then(Value::as_str)
@@ -539,18 +535,9 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
         .flatten()
     {
         match b.get("type").and_then(Value::as_str) {
-            Some("text") => content.push(Part::Text(
-                b.get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            )),
+            Some("text") => content.push(Part::Text(str_at(b, "text"))),
             Some("thinking") => content.push(Part::Reasoning(Reasoning {
-                text: b
-                    .get("thinking")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                text: str_at(b, "thinking"),
                 signature: b
                     .get("signature")
                     .and_then(Value::as_str)
@@ -572,7 +559,7 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
                     finish = Finish::EndTurn;
                 } else {
                     content.push(Part::ToolCall {
-                        id: b.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                        id: str_at(b, "id"),
                         name: name.to_owned(),
                         arguments: input,
                     });
@@ -586,12 +573,8 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
         usage_from(u, &mut usage);
     }
     Ok(ir::Response {
-        id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
+        id: str_at(v, "id"),
+        model: str_at(v, "model"),
         created: ir::now_secs(),
         content,
         finish,

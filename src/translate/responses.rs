@@ -569,32 +569,16 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, ir::ErrorInfo> {
                 }
             }
             Some("function_call") => content.push(Part::ToolCall {
-                id: item
-                    .get("call_id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                name: item
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                arguments: item
-                    .get("arguments")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                id: str_at(item, "call_id"),
+                name: str_at(item, "name"),
+                arguments: str_at(item, "arguments"),
             }),
             _ => {}
         }
     }
     Ok(ir::Response {
-        id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
+        id: str_at(v, "id"),
+        model: str_at(v, "model"),
         created: v
             .get("created_at")
             .and_then(Value::as_u64)

@@ -401,6 +401,20 @@ pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, HeaderMap, s
     (status, headers, v)
 }
 
+/// POSTs JSON with the test key and returns the whole body as text (streams read to the end).
+pub async fn post_text(url: &str, body: &serde_json::Value) -> String {
+    client()
+        .post(url)
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// A minimal valid chat body for `model`.
 pub fn chat_body(model: &str) -> serde_json::Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})

@@ -172,12 +172,8 @@ impl StreamDecoder {
         if !self.started {
             self.started = true;
             out.push(Event::Start {
-                id: v.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                model: v
-                    .get("model")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                id: str_at(&v, "id"),
+                model: str_at(&v, "model"),
                 created: v
                     .get("created")
                     .and_then(Value::as_u64)

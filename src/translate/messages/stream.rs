@@ -115,12 +115,8 @@ impl StreamDecoder {
                     usage_from(u, &mut self.usage);
                 }
                 out.push(Event::Start {
-                    id: m.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                    model: m
-                        .get("model")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
+                    id: str_at(m, "id"),
+                    model: str_at(m, "model"),
                     created: ir::now_secs(),
                 });
             }
@@ -129,11 +125,7 @@ impl StreamDecoder {
                 let b = v.get("content_block").unwrap_or(&Value::Null);
                 match b.get("type").and_then(Value::as_str) {
                     Some("tool_use") => {
-                        let name = b
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned();
+                        let name = str_at(b, "name");
                         if self.json_mode && name == JSON_TOOL {
                             self.blocks.push((index, BlockKind::JsonText));
                         } else {
@@ -142,7 +134,7 @@ impl StreamDecoder {
                             self.blocks.push((index, BlockKind::Tool(k)));
                             out.push(Event::ToolStart {
                                 index: k,
-                                id: b.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+                                id: str_at(b, "id"),
                                 name,
                             });
                         }
@@ -157,12 +149,7 @@ impl StreamDecoder {
                         }
                     }
                     Some("redacted_thinking") => {
-                        out.push(Event::RedactedReasoning(
-                            b.get("data")
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_owned(),
-                        ));
+                        out.push(Event::RedactedReasoning(str_at(b, "data")));
                     }
                     _ => {}
                 }

@@ -47,11 +47,7 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     fn call_started(&mut self, item: &Value, out: &mut Vec<Event>) -> usize {
-        let item_id = item
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
+        let item_id = str_at(item, "id");
         if let Some((_, k, _)) = self.calls.iter().find(|(id, _, _)| *id == item_id) {
             return *k;
         }
@@ -59,16 +55,8 @@ impl StreamDecoder {
         self.calls.push((item_id, k, false));
         out.push(Event::ToolStart {
             index: k,
-            id: item
-                .get("call_id")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            name: item
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
+            id: str_at(item, "call_id"),
+            name: str_at(item, "name"),
         });
         k
     }
@@ -125,12 +113,8 @@ impl StreamDecoder {
             "response.created" => {
                 let r = v.get("response").unwrap_or(&Value::Null);
                 out.push(Event::Start {
-                    id: r.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                    model: r
-                        .get("model")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
+                    id: str_at(r, "id"),
+                    model: str_at(r, "model"),
                     created: r
                         .get("created_at")
                         .and_then(Value::as_u64)
