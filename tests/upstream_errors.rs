@@ -79,6 +79,17 @@ async fn upstream_500_passes_through_on_a_stream_request() {
 
 const FIRST: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"},\"finish_reason\":null}]}\n\n";
 
+/// Starts the usual streamed chat request through `gw`.
+async fn start_stream(gw: &TestGateway) -> reqwest::Response {
+    client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&stream_body("m"))
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn read_all(resp: reqwest::Response) -> String {
     let mut out = String::new();
     let mut s = resp.bytes_stream();
@@ -119,13 +130,7 @@ async fn stream_broken_midway_ends_with_error_chunk_and_done() {
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client()
-        .post(gw.base("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&stream_body("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = start_stream(&gw).await;
     assert_eq!(resp.status(), 200);
     let text = read_all(resp).await;
     assert!(
@@ -139,13 +144,7 @@ async fn stream_broken_midway_ends_with_error_chunk_and_done() {
 async fn stream_ending_without_done_is_not_a_clean_end() {
     let up = FakeUpstream::start(|_| Reply::sse(vec![(Duration::ZERO, FIRST)])).await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client()
-        .post(gw.base("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&stream_body("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = start_stream(&gw).await;
     let text = read_all(resp).await;
     assert!(text.starts_with(FIRST));
     assert_ends_with_error_and_done(&text);
@@ -162,13 +161,7 @@ async fn stream_idle_past_timeout_ends_with_error() {
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client()
-        .post(gw.base("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&stream_body("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = start_stream(&gw).await;
     let text = read_all(resp).await;
     assert_ends_with_error_and_done(&text);
     assert!(text.contains("sent nothing for"), "{text}");
@@ -188,13 +181,7 @@ async fn clean_stream_gets_no_extra_bytes() {
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client()
-        .post(gw.base("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&stream_body("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = start_stream(&gw).await;
     assert_eq!(read_all(resp).await, format!("{FIRST}data: [DONE]\n\n"));
 }
 
@@ -210,13 +197,7 @@ async fn client_disconnect_mid_stream_closes_the_upstream_request() {
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
-    let resp = client()
-        .post(gw.base("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&stream_body("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = start_stream(&gw).await;
     let mut s = resp.bytes_stream();
     let first = s.next().await.unwrap().unwrap();
     assert!(!first.is_empty());

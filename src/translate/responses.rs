@@ -18,6 +18,24 @@ mod stream;
 
 pub use stream::{StreamDecoder, StreamEncoder};
 
+/// The `text` of every part in a reasoning item's `summary` or `content` list.
+fn texts_of<'v>(item: &'v Value, key: &str) -> Vec<&'v str> {
+    item.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("text").and_then(Value::as_str))
+        .collect()
+}
+
+/// An Anthropic signature the gateway put in `encrypted_content`; anything else is OpenAI's own.
+fn signature_of(item: &Value) -> Option<String> {
+    item.get("encrypted_content")
+        .and_then(Value::as_str)
+        .and_then(|e| e.strip_prefix(SIG_PREFIX))
+        .map(str::to_owned)
+}
+
 // === requests: responses client → IR ===
 
 fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, GatewayError> {
@@ -177,18 +195,8 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                         );
                     }
                     "reasoning" => {
-                        let text: Vec<&str> = item
-                            .get("summary")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                            .filter_map(|s| s.get("text").and_then(Value::as_str))
-                            .collect();
-                        let signature = item
-                            .get("encrypted_content")
-                            .and_then(Value::as_str)
-                            .and_then(|e| e.strip_prefix(SIG_PREFIX))
-                            .map(str::to_owned);
+                        let text: Vec<&str> = texts_of(item, "summary");
+                        let signature = signature_of(item);
                         super::chat::push(
                             &mut r.messages,
                             Role::Assistant,
@@ -525,27 +533,11 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, ir::ErrorInfo> {
     {
         match item.get("type").and_then(Value::as_str) {
             Some("reasoning") => {
-                let mut text: Vec<&str> = item
-                    .get("summary")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s.get("text").and_then(Value::as_str))
-                    .collect();
+                let mut text: Vec<&str> = texts_of(item, "summary");
                 if text.is_empty() {
-                    text = item
-                        .get("content")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|s| s.get("text").and_then(Value::as_str))
-                        .collect();
+                    text = texts_of(item, "content");
                 }
-                let signature = item
-                    .get("encrypted_content")
-                    .and_then(Value::as_str)
-                    .and_then(|e| e.strip_prefix(SIG_PREFIX))
-                    .map(str::to_owned);
+                let signature = signature_of(item);
                 content.push(Part::Reasoning(Reasoning {
                     text: text.join("\n"),
                     signature,
