@@ -26,7 +26,10 @@ fn benches(c: &mut Criterion) {
         let model = model_for(&models, pair.1);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_with_input(BenchmarkId::from_parameter(name(pair)), &body, |b, body| {
-            b.iter(|| translate::request(pair.0, pair.1, black_box(body), model, "bench").unwrap())
+            b.iter(|| {
+                translate::request(pair.0, pair.1, black_box(body), model.primary(), "bench")
+                    .unwrap()
+            })
         });
     }
     g.finish();

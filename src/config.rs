@@ -286,11 +286,132 @@ pub struct Upstream {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Prebuilt URLs for the three LLM protocols, indexed by `Protocol as usize`.
     pub protocol_uris: [Option<Uri>; 3],
+    /// For the built-in mock: the protocol it is spoken to in (`protocol = "chat"` by default).
+    pub mock_protocol: Option<Protocol>,
 }
 
 impl Upstream {
+    /// The LLM protocol requests to this upstream are written in; the mock's is configurable.
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.kind.protocol().or(self.mock_protocol)
+    }
+
     pub fn uri_for(&self, protocol: Protocol) -> Option<&Uri> {
         self.protocol_uris[protocol as usize].as_ref()
+    }
+}
+
+/// One deployment that can serve a model: an upstream, the name it knows the model by, and how
+/// it spells what differs between deployments.
+#[derive(Debug)]
+pub struct Target {
+    pub upstream: Arc<Upstream>,
+    pub upstream_model: Option<String>,
+    /// Share of the `weighted` strategy's picks; at least 1.
+    pub weight: u32,
+    /// The model's `thinking` unless the target says otherwise.
+    pub thinking: ThinkingStyle,
+    /// The model's `default_max_tokens` unless the target says otherwise.
+    pub default_max_tokens: Option<u32>,
+}
+
+impl Target {
+    /// The LLM protocol this target is spoken to in.
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.upstream.protocol()
+    }
+
+    /// The model name to send: the configured rename, or what the client asked for.
+    pub fn model_name<'a>(&'a self, requested: &'a str) -> &'a str {
+        self.upstream_model.as_deref().unwrap_or(requested)
+    }
+}
+
+/// How a model's targets are chosen for each attempt (gateway.md §10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Random, in proportion to each target's weight.
+    Weighted,
+    /// The target with the fewest requests (streams included) in flight.
+    LeastInflight,
+    /// Power of two choices over an EWMA of each target's time to first byte.
+    Latency,
+}
+
+impl Strategy {
+    const ALL: [Strategy; 3] = [Self::Weighted, Self::LeastInflight, Self::Latency];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Weighted => "weighted",
+            Self::LeastInflight => "least_inflight",
+            Self::Latency => "latency",
+        }
+    }
+}
+
+/// Which failures before the first byte are worth another attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryOn {
+    pub connect: bool,
+    pub timeout: bool,
+    pub rate_limited: bool,
+    pub server_error: bool,
+}
+
+impl RetryOn {
+    pub const ALL: Self = Self {
+        connect: true,
+        timeout: true,
+        rate_limited: true,
+        server_error: true,
+    };
+}
+
+/// Attempts, backoff and budget: `[retry]`, overridable per model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries in all, across targets and fallbacks; 1 means no retry.
+    pub attempts: u32,
+    pub on: RetryOn,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    pub retry_after_max: Duration,
+    pub budget_percent: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            on: RetryOn::ALL,
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(2000),
+            retry_after_max: Duration::from_millis(10_000),
+            budget_percent: 20,
+        }
+    }
+}
+
+/// Passive health: `[health]`, overridable per model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthPolicy {
+    /// Consecutive failures that eject a target; 0 never ejects.
+    pub eject_after: u32,
+    /// The first ejection's length; each repeat doubles it up to `MAX_EJECTION`.
+    pub eject: Duration,
+}
+
+impl HealthPolicy {
+    pub const MAX_EJECTION: Duration = Duration::from_secs(600);
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            eject_after: 5,
+            eject: Duration::from_millis(10_000),
+        }
     }
 }
 
@@ -298,13 +419,28 @@ impl Upstream {
 pub struct Model {
     pub name: String,
     pub pattern: NamePattern,
-    pub upstream: Arc<Upstream>,
-    pub upstream_model: Option<String>,
+    /// Position in `Config::models`; runtime state (health, budget) is kept by this index.
+    pub index: usize,
+    /// At least one; the first is the one-target shorthand's.
+    pub targets: Vec<Target>,
+    pub strategy: Strategy,
+    /// Other model names, tried in order once every target failed.
+    pub fallbacks: Vec<String>,
+    pub retry: RetryPolicy,
+    pub health: HealthPolicy,
     pub endpoints: EndpointSet,
     pub addresses: AddressSet,
     pub vision: bool,
     pub thinking: ThinkingStyle,
     pub default_max_tokens: Option<u32>,
+}
+
+impl Model {
+    /// The first target: the only one a video model has.
+    pub fn primary(&self) -> &Target {
+        // Validation never builds a model without a target.
+        &self.targets[0]
+    }
 }
 
 /// How a client key is stored.
@@ -415,40 +551,58 @@ impl Config {
         validate::parse(text, base_dir, env)
     }
 
-    /// The routing table as `modelgate check` prints it.
+    /// The routing table as `modelgate check` prints it: one row per target, so every
+    /// deployment a model can reach is listed, then each model's fallbacks.
     pub fn routing_table(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();
-        let rows: Vec<[String; 6]> = self
-            .models
-            .iter()
-            .map(|m| {
-                let endpoints = if m.upstream.kind.is_video()
-                    || m.addresses == AddressSet::only(Address::Video)
-                {
-                    "video".to_owned()
-                } else {
-                    m.endpoints
-                        .iter()
-                        .map(Protocol::name)
-                        .collect::<Vec<_>>()
-                        .join(",")
+        let mut rows: Vec<[String; 8]> = Vec::new();
+        for m in &self.models {
+            let endpoints = if m.primary().upstream.kind.is_video()
+                || m.addresses == AddressSet::only(Address::Video)
+            {
+                "video".to_owned()
+            } else {
+                m.endpoints
+                    .iter()
+                    .map(Protocol::name)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            for t in &m.targets {
+                let kind = match (t.upstream.kind, t.upstream.mock_protocol) {
+                    (UpstreamKind::Mock, Some(p)) if !m.primary().upstream.kind.is_video() => {
+                        format!("mock({})", p.name())
+                    }
+                    (k, _) => k.name().to_owned(),
                 };
-                [
+                rows.push([
                     m.name.clone(),
-                    m.upstream.name.clone(),
-                    m.upstream.kind.name().to_owned(),
-                    m.upstream_model.clone().unwrap_or_else(|| "(same)".into()),
-                    endpoints,
+                    t.upstream.name.clone(),
+                    kind,
+                    t.upstream_model.clone().unwrap_or_else(|| "(same)".into()),
+                    if m.targets.len() > 1 {
+                        format!("{}", t.weight)
+                    } else {
+                        "-".into()
+                    },
+                    if m.targets.len() > 1 {
+                        m.strategy.name().to_owned()
+                    } else {
+                        "-".into()
+                    },
+                    endpoints.clone(),
                     m.addresses.names().join(","),
-                ]
-            })
-            .collect();
+                ]);
+            }
+        }
         let header = [
             "MODEL",
             "UPSTREAM",
             "KIND",
             "UPSTREAM MODEL",
+            "WEIGHT",
+            "STRATEGY",
             "ENDPOINTS",
             "ADDRESSES",
         ];
@@ -475,6 +629,12 @@ impl Config {
             line(row.iter().map(String::as_str).collect());
         }
         let _ = writeln!(out);
+        for m in self.models.iter().filter(|m| !m.fallbacks.is_empty()) {
+            let _ = writeln!(out, "fallbacks {}: {}", m.name, m.fallbacks.join(" → "));
+        }
+        if self.models.iter().any(|m| !m.fallbacks.is_empty()) {
+            let _ = writeln!(out);
+        }
         for a in [
             Address::Base,
             Address::TokenPlan,

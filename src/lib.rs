@@ -33,6 +33,7 @@ pub mod pipeline;
 pub mod route;
 pub mod server;
 pub mod sse;
+pub mod thinking;
 pub mod tls;
 pub mod translate;
 pub mod upstream;

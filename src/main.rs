@@ -198,7 +198,7 @@ fn print_try_it(config: &Config, running: &server::RunningGateway, scheme: &str)
         return;
     };
     let Some(model) = config.models.iter().find(|m| {
-        m.upstream.kind == UpstreamKind::Mock
+        m.primary().upstream.kind == UpstreamKind::Mock
             && m.addresses.contains(Address::Base)
             && matches!(m.pattern, modelgate::route::NamePattern::Exact(_))
     }) else {

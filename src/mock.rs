@@ -41,7 +41,7 @@ fn other_protocol(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Res
                 .into_response(shape)
         }
     };
-    let r = match translate::decode_request(protocol, &v, protocol) {
+    let r = match translate::decode_request(protocol, &v) {
         Ok(r) => r,
         Err(e) => return e.into_response(shape),
     };

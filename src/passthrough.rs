@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::config::{Model, ThinkingStyle};
+use crate::config::{Target, ThinkingStyle};
 use crate::json::{self, raw_literal, RawObject};
 use crate::validate::ChatChecked;
 
@@ -10,23 +10,23 @@ use crate::validate::ChatChecked;
 pub fn chat_body(
     original: &Bytes,
     mut obj: RawObject<'_>,
-    model: &Model,
+    target: &Target,
     checked: &ChatChecked,
 ) -> Bytes {
-    if model.upstream_model.is_none() && checked.thinking.is_none() {
+    if target.upstream_model.is_none() && checked.thinking.is_none() {
         return original.clone();
     }
-    if let Some(name) = &model.upstream_model {
+    if let Some(name) = &target.upstream_model {
         obj.set("model", json::to_raw(name.as_str()));
     }
     if let Some(on) = checked.thinking {
-        write_thinking(&mut obj, model, on, checked.max_tokens);
+        write_thinking(&mut obj, target, on, checked.max_tokens);
     }
     Bytes::from(obj.to_vec())
 }
 
 /// Removes the client's thinking switches and writes the one the model's upstream understands.
-fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: Option<i64>) {
+fn write_thinking(obj: &mut RawObject<'_>, target: &Target, on: bool, max_tokens: Option<i64>) {
     obj.remove("enable_thinking");
     // A budget the client chose (Anthropic's spelling inside `thinking`) is kept where it can be.
     let client_budget = obj
@@ -41,7 +41,7 @@ fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: 
         .remove("chat_template_kwargs")
         .map(|raw| raw.get().to_owned());
     let flag = raw_literal(if on { "true" } else { "false" });
-    match model.thinking {
+    match target.thinking {
         ThinkingStyle::ChatTemplateKwargs => {
             let text = kwargs.take().unwrap_or_else(|| "{}".to_owned());
             let mut o = RawObject::parse(text.as_bytes()).unwrap_or_default();
@@ -59,25 +59,23 @@ fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: 
         ),
         ThinkingStyle::Anthropic => {
             let value = if on {
-                // Anthropic wants 1024 ≤ budget < max_tokens; half the reply budget leaves room for the answer.
-                let budget = client_budget.unwrap_or_else(|| {
-                    max_tokens
-                        .or(model.default_max_tokens.map(i64::from))
-                        .map_or(1024, |m| m / 2)
-                });
-                let budget = budget.max(1024);
-                // A reply limit at or under the budget would be refused; grow it, as the
-                // translation toward Anthropic does, rather than shrink the thinking.
-                if max_tokens.is_some_and(|m| m <= budget) {
-                    let grown = json::to_raw(&(budget + budget.min(4096)));
+                let b = crate::thinking::anthropic_budget(
+                    client_budget.and_then(|b| u64::try_from(b).ok()),
+                    None,
+                    max_tokens.and_then(|m| u64::try_from(m).ok()),
+                    target.default_max_tokens.map(u64::from),
+                );
+                if let Some(raised) = b.raised_max_tokens {
                     let key = if obj.contains("max_completion_tokens") {
                         "max_completion_tokens"
                     } else {
                         "max_tokens"
                     };
-                    obj.set(key, grown);
+                    obj.set(key, json::to_raw(&raised));
                 }
-                json::to_raw(&serde_json::json!({"type": "enabled", "budget_tokens": budget}))
+                json::to_raw(
+                    &serde_json::json!({"type": "enabled", "budget_tokens": b.budget_tokens}),
+                )
             } else {
                 raw_literal(r#"{"type":"disabled"}"#)
             };
@@ -95,8 +93,8 @@ fn write_thinking(obj: &mut RawObject<'_>, model: &Model, on: bool, max_tokens: 
 }
 
 /// A messages or responses body with only `model` renamed (or the client's bytes when it is not).
-pub fn rename_model(original: &Bytes, mut obj: RawObject<'_>, model: &Model) -> Bytes {
-    match &model.upstream_model {
+pub fn rename_model(original: &Bytes, mut obj: RawObject<'_>, target: &Target) -> Bytes {
+    match &target.upstream_model {
         None => original.clone(),
         Some(name) => {
             obj.set("model", json::to_raw(name.as_str()));

@@ -178,7 +178,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         status = status.as_u16(),
         key = ctx.key.as_ref().map(|k| k.name.as_str()),
         model = ctx.model.as_ref().map(|m| m.name.as_str()),
-        upstream = ctx.model.as_ref().map(|m| m.upstream.name.as_str()),
+        upstream = ctx.model.as_ref().map(|m| m.primary().upstream.name.as_str()),
         head_us = started.elapsed().as_micros() as u64,
         "request"
     );
@@ -235,27 +235,28 @@ async fn llm(
     principal.check_model(&client_model)?;
     route::check_endpoint(&model, &client_model, protocol)?;
     // The mock speaks every protocol, so it is always the fast path.
-    let upstream_protocol = model.upstream.kind.protocol().unwrap_or(protocol);
-    if !matches!(model.upstream.kind, UpstreamKind::Mock)
-        && model.upstream.kind.protocol().is_none()
-    {
+    let target = model.primary();
+    let Some(upstream_protocol) = target
+        .protocol()
+        .filter(|_| !target.upstream.kind.is_video())
+    else {
         return Err(GatewayError::invalid(
             "model",
             format!("the model {client_model:?} is a video model; use the video address"),
         ));
-    }
+    };
     if upstream_protocol == protocol {
         let (upstream_body, stream) = match protocol {
             Protocol::Chat => {
                 let checked = validate::chat(&obj, &model, &client_model)?;
                 (
-                    passthrough::chat_body(&bytes, obj, &model, &checked),
+                    passthrough::chat_body(&bytes, obj, target, &checked),
                     checked.stream,
                 )
             }
             Protocol::Messages | Protocol::Responses => {
                 let stream = validate::passthrough(&obj, protocol)?;
-                (passthrough::rename_model(&bytes, obj, &model), stream)
+                (passthrough::rename_model(&bytes, obj, target), stream)
             }
         };
         let resp = send(
@@ -281,7 +282,7 @@ async fn llm(
     }
     drop(obj);
     let (upstream_body, translation) =
-        translate::request(protocol, upstream_protocol, &bytes, &model, &client_model)?;
+        translate::request(protocol, upstream_protocol, &bytes, target, &client_model)?;
     let resp = send(
         gw,
         &model,
@@ -303,7 +304,7 @@ async fn send(
     request_id: &HeaderValue,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
-    let upstream = &model.upstream;
+    let upstream = &model.primary().upstream;
     if upstream.kind == UpstreamKind::Mock {
         return Ok(mock::handle(protocol, &body, std::time::Duration::ZERO));
     }

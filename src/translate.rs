@@ -17,7 +17,7 @@ use pin_project_lite::pin_project;
 use serde_json::Value;
 
 use crate::body::BoxError;
-use crate::config::{Model, Protocol};
+use crate::config::{Protocol, Target};
 use crate::error::{ErrorKind, GatewayError};
 use crate::ir::{self, Event};
 use crate::sse::{SseDecoder, SseEvent};
@@ -37,75 +37,145 @@ pub struct Translation {
     echo: responses::Echo,
 }
 
-/// Parses a client body of protocol `client` into the IR, refusing what `target` cannot express.
-pub fn decode_request(
-    client: Protocol,
-    v: &Value,
-    target: Protocol,
-) -> Result<ir::Request, GatewayError> {
+/// Parses a client body of protocol `client` into the IR, refusing what the IR cannot hold.
+pub fn decode_request(client: Protocol, v: &Value) -> Result<ir::Request, GatewayError> {
     match client {
-        Protocol::Chat => chat::request_to_ir(v, target),
-        Protocol::Messages => messages::request_to_ir(v, target),
-        Protocol::Responses => responses::request_to_ir(v, target),
+        Protocol::Chat => chat::request_to_ir(v),
+        Protocol::Messages => messages::request_to_ir(v),
+        Protocol::Responses => responses::request_to_ir(v),
     }
 }
 
-/// Writes the IR as a request of protocol `upstream`.
+/// What an upstream protocol can express of the IR, checked once before encoding so decoders
+/// never need to know where a request goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Capabilities {
+    pub stop_sequences: bool,
+}
+
+impl Capabilities {
+    pub fn of(upstream: Protocol) -> Self {
+        Self {
+            // The Responses API has no stop sequences.
+            stop_sequences: upstream != Protocol::Responses,
+        }
+    }
+
+    /// A 400 naming the client's own field for the first thing `upstream` cannot express.
+    pub fn check(
+        self,
+        r: &ir::Request,
+        client: Protocol,
+        upstream: Protocol,
+    ) -> Result<(), GatewayError> {
+        if !self.stop_sequences && !r.stop.is_empty() {
+            let field = match client {
+                Protocol::Messages => "stop_sequences",
+                _ => "stop",
+            };
+            return Err(GatewayError::invalid(
+                field,
+                format!(
+                    "`{field}` cannot be served by this model's upstream ({}): it has no stop sequences",
+                    upstream.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Writes the IR as a request of protocol `upstream` for `target`.
 pub fn encode_request(
     upstream: Protocol,
     r: &ir::Request,
     upstream_model: &str,
-    model: &Model,
+    target: &Target,
 ) -> Result<Value, GatewayError> {
     match upstream {
-        Protocol::Chat => chat::ir_to_request(r, upstream_model, model),
-        Protocol::Messages => messages::ir_to_request(r, upstream_model, model),
-        Protocol::Responses => responses::ir_to_request(r, upstream_model, model),
+        Protocol::Chat => chat::ir_to_request(r, upstream_model, target),
+        Protocol::Messages => messages::ir_to_request(r, upstream_model, target),
+        Protocol::Responses => responses::ir_to_request(r, upstream_model, target),
     }
 }
 
-/// Translates a client request body for an upstream of another protocol.
+/// A client request decoded once into the IR, with what every reply to it needs to remember;
+/// each attempt encodes it for its own target.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub client: Protocol,
+    pub ir: ir::Request,
+    pub client_model: String,
+    echo: responses::Echo,
+}
+
+impl Decoded {
+    pub fn new(client: Protocol, body: &[u8], client_model: &str) -> Result<Self, GatewayError> {
+        let v: Value = serde_json::from_slice(body).map_err(|e| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("the request body is not valid JSON: {e}"),
+            )
+        })?;
+        let ir = decode_request(client, &v)?;
+        Ok(Self {
+            client,
+            ir,
+            client_model: client_model.to_owned(),
+            echo: if client == Protocol::Responses {
+                responses::Echo::from_request(&v)
+            } else {
+                responses::Echo::default()
+            },
+        })
+    }
+
+    /// The upstream body for `target` (speaking `upstream`) and the reply side of the translation.
+    pub fn encode(
+        &self,
+        upstream: Protocol,
+        target: &Target,
+        upstream_model: &str,
+    ) -> Result<(Bytes, Translation), GatewayError> {
+        Capabilities::of(upstream).check(&self.ir, self.client, upstream)?;
+        let out = encode_request(upstream, &self.ir, upstream_model, target)?;
+        let json_mode = upstream == Protocol::Messages
+            && matches!(
+                self.ir.response_format,
+                Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. })
+            );
+        let t = Translation {
+            client: self.client,
+            upstream,
+            client_model: self.client_model.clone(),
+            stream: self.ir.stream,
+            include_usage: self.ir.include_usage,
+            json_mode,
+            echo: self.echo.clone(),
+        };
+        let bytes = serde_json::to_vec(&out).map_err(|e| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                format!("encoding the upstream request: {e}"),
+            )
+        })?;
+        Ok((Bytes::from(bytes), t))
+    }
+}
+
+/// Translates a client request body for an upstream of another protocol in one step.
 pub fn request(
     client: Protocol,
     upstream: Protocol,
     body: &[u8],
-    model: &Model,
+    target: &Target,
     client_model: &str,
 ) -> Result<(Bytes, Translation), GatewayError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!("the request body is not valid JSON: {e}"),
-        )
-    })?;
-    let r = decode_request(client, &v, upstream)?;
-    let upstream_model = model.upstream_model.as_deref().unwrap_or(client_model);
-    let out = encode_request(upstream, &r, upstream_model, model)?;
-    let json_mode = upstream == Protocol::Messages
-        && matches!(
-            r.response_format,
-            Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. })
-        );
-    let t = Translation {
-        client,
+    Decoded::new(client, body, client_model)?.encode(
         upstream,
-        client_model: client_model.to_owned(),
-        stream: r.stream,
-        include_usage: r.include_usage,
-        json_mode,
-        echo: if client == Protocol::Responses {
-            responses::Echo::from_request(&v)
-        } else {
-            responses::Echo::default()
-        },
-    };
-    let bytes = serde_json::to_vec(&out).map_err(|e| {
-        GatewayError::new(
-            ErrorKind::Internal,
-            format!("encoding the upstream request: {e}"),
-        )
-    })?;
-    Ok((Bytes::from(bytes), t))
+        target,
+        target.model_name(client_model),
+    )
 }
 
 /// The client-protocol error body for an upstream failure.

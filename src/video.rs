@@ -173,8 +173,8 @@ impl VideoService {
         let model = gw.models.resolve(&client_model, Address::Video)?.clone();
         principal.check_model(&client_model)?;
         let checked = request::validate(&obj)?;
-        let upstream = &model.upstream;
-        let upstream_model = match (&model.upstream_model, upstream.kind) {
+        let upstream = &model.primary().upstream;
+        let upstream_model = match (&model.primary().upstream_model, upstream.kind) {
             (Some(name), _) => name.clone(),
             // The interface's "video-" stands in for the vendor's name (§E.4).
             (None, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) => {

@@ -495,9 +495,15 @@ async fn golden_fixtures() {
 fn translation_for(case: &Case) -> Option<Translation> {
     let body = case.read("client_request.json")?;
     let model = model_for(case.upstream);
-    translate::request(case.client, case.upstream, body.as_bytes(), &model, "fx")
-        .ok()
-        .map(|(_, t)| t)
+    translate::request(
+        case.client,
+        case.upstream,
+        body.as_bytes(),
+        model.primary(),
+        "fx",
+    )
+    .ok()
+    .map(|(_, t)| t)
 }
 
 /// Feeds the upstream bytes in the given pieces and ends the stream as the gateway does.

@@ -96,7 +96,7 @@ pub fn request_in(models: &[Arc<Model>], client: Protocol, stream: bool) -> Vec<
         Protocol::Chat,
         client,
         &chat,
-        model_for(models, client),
+        model_for(models, client).primary(),
         "bench",
     )
     .unwrap();
@@ -149,9 +149,15 @@ pub fn split_events(bytes: &[u8]) -> Vec<Vec<u8>> {
 
 pub fn translation(models: &[Arc<Model>], pair: (Protocol, Protocol), stream: bool) -> Translation {
     let body = request_in(models, pair.0, stream);
-    translate::request(pair.0, pair.1, &body, model_for(models, pair.1), "bench")
-        .unwrap()
-        .1
+    translate::request(
+        pair.0,
+        pair.1,
+        &body,
+        model_for(models, pair.1).primary(),
+        "bench",
+    )
+    .unwrap()
+    .1
 }
 
 /// The 200-event stream as `upstream` sends it (the chat one, translated by the gateway itself).

@@ -59,14 +59,50 @@ struct RawUpstream {
     api_key_env: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// Only for `kind = "mock"`: the protocol it is spoken to in.
+    protocol: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    upstream: String,
+    upstream_model: Option<String>,
+    weight: Option<u32>,
+    thinking: Option<String>,
+    default_max_tokens: Option<u32>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    attempts: Option<u32>,
+    on: Option<Vec<String>>,
+    backoff_ms: Option<u64>,
+    max_backoff_ms: Option<u64>,
+    retry_after_max_ms: Option<u64>,
+    budget_percent: Option<u32>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    eject_after: Option<u32>,
+    eject_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModel {
     name: String,
-    upstream: String,
+    upstream: Option<String>,
     upstream_model: Option<String>,
+    targets: Option<Vec<RawTarget>>,
+    strategy: Option<String>,
+    #[serde(default)]
+    fallbacks: Vec<String>,
+    retry: Option<RawRetry>,
+    health: Option<RawHealth>,
     endpoints: Option<Vec<String>>,
     addresses: Option<Vec<String>>,
     #[serde(default)]
@@ -79,6 +115,8 @@ const TOP_KEYS: &[&str] = &[
     "listen",
     "tls",
     "limits",
+    "retry",
+    "health",
     "video",
     "keys",
     "upstreams",
@@ -164,6 +202,14 @@ pub(super) fn parse(
         .remove("limits")
         .and_then(|v| section(v, "limits", &mut errors))
         .unwrap_or_default();
+    let raw_retry: RawRetry = table
+        .remove("retry")
+        .and_then(|v| section(v, "retry", &mut errors))
+        .unwrap_or_default();
+    let raw_health: RawHealth = table
+        .remove("health")
+        .and_then(|v| section(v, "health", &mut errors))
+        .unwrap_or_default();
     let raw_video: RawVideo = table
         .remove("video")
         .and_then(|v| section(v, "video", &mut errors))
@@ -196,7 +242,17 @@ pub(super) fn parse(
     let limits = validate_limits(&raw_limits, &mut errors);
     let video = validate_video(raw_video, env, &mut errors);
     let upstreams = validate_upstreams(raw_upstreams, env, &mut errors);
-    let models = validate_models(raw_models, &upstreams, listen.as_ref(), &mut errors);
+    let defaults = Defaults {
+        retry: validate_retry(&raw_retry, RetryPolicy::default(), "retry", &mut errors),
+        health: validate_health(&raw_health, HealthPolicy::default(), "health", &mut errors),
+    };
+    let models = validate_models(
+        raw_models,
+        &upstreams,
+        listen.as_ref(),
+        &defaults,
+        &mut errors,
+    );
     let keys = validate_keys(raw_keys, env, &mut errors);
 
     match listen {
@@ -442,6 +498,27 @@ fn validate_upstreams(
                 (_, Err(_)) => errors.push(hpath, "invalid header value"),
             }
         }
+        let mock_protocol = match (kind, u.protocol.as_deref()) {
+            (UpstreamKind::Mock, None) => Some(Protocol::Chat),
+            (UpstreamKind::Mock, Some(p)) => match Protocol::parse(p) {
+                Some(p) => Some(p),
+                None => {
+                    errors.push(
+                        format!("{path}.protocol"),
+                        format!("unknown protocol {p:?}; allowed: chat, messages, responses"),
+                    );
+                    None
+                }
+            },
+            (_, Some(_)) => {
+                errors.push(
+                    format!("{path}.protocol"),
+                    "only a mock upstream takes `protocol`; other kinds speak their own",
+                );
+                None
+            }
+            (_, None) => None,
+        };
         let mut protocol_uris: [Option<Uri>; 3] = [None, None, None];
         if let (Some(b), Some(_)) = (&base_url, kind.protocol()) {
             for p in Protocol::ALL {
@@ -458,6 +535,7 @@ fn validate_upstreams(
             credential,
             headers,
             protocol_uris,
+            mock_protocol,
         }));
     }
     out
@@ -503,27 +581,236 @@ fn parse_pattern(text: &str, path: String, errors: &mut Errors) -> Option<NamePa
 /// The two video model names of the interface (§2.5); on the mock they default to the video address.
 const VIDEO_MODELS: [&str; 2] = ["video-3.1-generate-001", "video-3.1-fast-generate-001"];
 
+/// The `[retry]` and `[health]` tables, which every model inherits and may override.
+struct Defaults {
+    retry: RetryPolicy,
+    health: HealthPolicy,
+}
+
+const RETRY_ON: [&str; 4] = ["connect", "timeout", "429", "5xx"];
+
+/// Applies the keys `raw` sets over `base`; errors are reported under `path`.
+fn validate_retry(
+    raw: &RawRetry,
+    base: RetryPolicy,
+    path: &str,
+    errors: &mut Errors,
+) -> RetryPolicy {
+    let mut p = base;
+    if let Some(n) = raw.attempts {
+        if !(1..=10).contains(&n) {
+            errors.push(
+                format!("{path}.attempts"),
+                format!("must be between 1 and 10; got {n}"),
+            );
+        }
+        p.attempts = n.clamp(1, 10);
+    }
+    if let Some(list) = &raw.on {
+        let mut on = RetryOn {
+            connect: false,
+            timeout: false,
+            rate_limited: false,
+            server_error: false,
+        };
+        for (j, item) in list.iter().enumerate() {
+            match item.as_str() {
+                "connect" => on.connect = true,
+                "timeout" => on.timeout = true,
+                "429" => on.rate_limited = true,
+                "5xx" => on.server_error = true,
+                other => errors.push(
+                    format!("{path}.on[{j}]"),
+                    format!("unknown value {other:?}; allowed: {}", RETRY_ON.join(", ")),
+                ),
+            }
+        }
+        p.on = on;
+    }
+    if let Some(ms) = raw.backoff_ms {
+        p.backoff = Duration::from_millis(ms);
+    }
+    if let Some(ms) = raw.max_backoff_ms {
+        p.max_backoff = Duration::from_millis(ms);
+    }
+    if p.max_backoff < p.backoff {
+        errors.push(
+            format!("{path}.max_backoff_ms"),
+            format!(
+                "must be at least backoff_ms ({} ms); got {} ms",
+                p.backoff.as_millis(),
+                p.max_backoff.as_millis()
+            ),
+        );
+    }
+    if let Some(ms) = raw.retry_after_max_ms {
+        p.retry_after_max = Duration::from_millis(ms);
+    }
+    if let Some(pc) = raw.budget_percent {
+        if pc > 100 {
+            errors.push(
+                format!("{path}.budget_percent"),
+                format!("must be between 0 and 100; got {pc}"),
+            );
+        }
+        p.budget_percent = pc.min(100);
+    }
+    p
+}
+
+fn validate_health(
+    raw: &RawHealth,
+    base: HealthPolicy,
+    path: &str,
+    errors: &mut Errors,
+) -> HealthPolicy {
+    let mut h = base;
+    if let Some(n) = raw.eject_after {
+        h.eject_after = n;
+    }
+    if let Some(ms) = raw.eject_ms {
+        if ms == 0 {
+            errors.push(format!("{path}.eject_ms"), "must be greater than 0");
+        }
+        h.eject = Duration::from_millis(ms).min(HealthPolicy::MAX_EJECTION);
+    }
+    h
+}
+
+fn parse_thinking(
+    text: Option<&str>,
+    default: ThinkingStyle,
+    path: String,
+    errors: &mut Errors,
+) -> ThinkingStyle {
+    match text {
+        None => default,
+        Some(t) => match ThinkingStyle::ALL.into_iter().find(|s| s.name() == t) {
+            Some(s) => s,
+            None => {
+                let allowed: Vec<_> = ThinkingStyle::ALL.iter().map(|s| s.name()).collect();
+                errors.push(
+                    path,
+                    format!("unknown value {t:?}; allowed: {}", allowed.join(", ")),
+                );
+                default
+            }
+        },
+    }
+}
+
+/// A model's targets: the `targets` list, or the one-target shorthand (`upstream`, `upstream_model`).
+fn validate_targets(
+    m: &RawModel,
+    path: &str,
+    upstreams: &[Arc<Upstream>],
+    thinking: ThinkingStyle,
+    errors: &mut Errors,
+) -> Vec<Target> {
+    let find = |name: &str, at: String, errors: &mut Errors| {
+        let u = upstreams.iter().find(|u| u.name == name).cloned();
+        if u.is_none() {
+            errors.push(at, format!("no upstream named {name:?}"));
+        }
+        u
+    };
+    let check_rename = |name: &Option<String>, at: String, errors: &mut Errors| {
+        if name.as_deref() == Some("") {
+            errors.push(at, "must not be empty");
+        }
+    };
+    match (&m.upstream, &m.targets) {
+        (Some(_), Some(_)) => {
+            errors.push(
+                path,
+                "give either `upstream` (one target) or `targets = [...]`, not both",
+            );
+            Vec::new()
+        }
+        (None, None) => {
+            errors.push(
+                format!("{path}.upstream"),
+                "missing; a model needs `upstream = \"name\"` or `targets = [...]`",
+            );
+            Vec::new()
+        }
+        (Some(name), None) => {
+            check_rename(&m.upstream_model, format!("{path}.upstream_model"), errors);
+            find(name, format!("{path}.upstream"), errors)
+                .map(|upstream| Target {
+                    upstream,
+                    upstream_model: m.upstream_model.clone(),
+                    weight: 1,
+                    thinking,
+                    default_max_tokens: m.default_max_tokens,
+                })
+                .into_iter()
+                .collect()
+        }
+        (None, Some(list)) => {
+            if m.upstream_model.is_some() {
+                errors.push(
+                    format!("{path}.upstream_model"),
+                    "with `targets`, each target names its own upstream_model",
+                );
+            }
+            if list.is_empty() {
+                errors.push(format!("{path}.targets"), "must not be empty");
+            }
+            let mut out = Vec::new();
+            for (j, t) in list.iter().enumerate() {
+                let tpath = format!("{path}.targets[{j}]");
+                check_rename(&t.upstream_model, format!("{tpath}.upstream_model"), errors);
+                if t.weight == Some(0) {
+                    errors.push(format!("{tpath}.weight"), "must be at least 1");
+                }
+                if t.default_max_tokens == Some(0) {
+                    errors.push(
+                        format!("{tpath}.default_max_tokens"),
+                        "must be greater than 0",
+                    );
+                }
+                let style = parse_thinking(
+                    t.thinking.as_deref(),
+                    thinking,
+                    format!("{tpath}.thinking"),
+                    errors,
+                );
+                if let Some(upstream) = find(&t.upstream, format!("{tpath}.upstream"), errors) {
+                    out.push(Target {
+                        upstream,
+                        upstream_model: t.upstream_model.clone(),
+                        weight: t.weight.unwrap_or(1).max(1),
+                        thinking: style,
+                        default_max_tokens: t.default_max_tokens.or(m.default_max_tokens),
+                    });
+                }
+            }
+            out
+        }
+    }
+}
+
 fn validate_models(
     raw: Vec<Option<RawModel>>,
     upstreams: &[Arc<Upstream>],
     listen: Option<&Listen>,
+    defaults: &Defaults,
     errors: &mut Errors,
 ) -> Vec<Arc<Model>> {
     let mut out: Vec<Arc<Model>> = Vec::new();
+    let mut all_fallbacks: Vec<(String, String, AddressSet)> = Vec::new();
     for (i, m) in raw.into_iter().enumerate() {
         let Some(m) = m else { continue };
         let path = format!("models[{i}]");
         let pattern = parse_pattern(&m.name, format!("{path}.name"), errors);
-        let upstream = upstreams.iter().find(|u| u.name == m.upstream).cloned();
-        if upstream.is_none() {
-            errors.push(
-                format!("{path}.upstream"),
-                format!("no upstream named {:?}", m.upstream),
-            );
-        }
-        if m.upstream_model.as_deref() == Some("") {
-            errors.push(format!("{path}.upstream_model"), "must not be empty");
-        }
+        let thinking = parse_thinking(
+            m.thinking.as_deref(),
+            ThinkingStyle::None,
+            format!("{path}.thinking"),
+            errors,
+        );
+        let targets = validate_targets(&m, &path, upstreams, thinking, errors);
         let endpoints = match &m.endpoints {
             None => EndpointSet::ALL,
             Some(list) => {
@@ -543,10 +830,27 @@ fn validate_models(
                 set
             }
         };
-        let is_video = upstream.as_ref().is_some_and(|u| {
-            u.kind.is_video()
-                || (u.kind == UpstreamKind::Mock && VIDEO_MODELS.contains(&m.name.as_str()))
-        });
+        let video_targets = targets
+            .iter()
+            .filter(|t| {
+                t.upstream.kind.is_video()
+                    || (t.upstream.kind == UpstreamKind::Mock
+                        && VIDEO_MODELS.contains(&m.name.as_str()))
+            })
+            .count();
+        let is_video = video_targets > 0;
+        if is_video && targets.len() > 1 {
+            errors.push(
+                format!("{path}.targets"),
+                "a video model has exactly one target (its task ids name the upstream that runs them)",
+            );
+        }
+        if is_video && !m.fallbacks.is_empty() {
+            errors.push(
+                format!("{path}.fallbacks"),
+                "video models take no fallbacks",
+            );
+        }
         let addresses = match &m.addresses {
             None if is_video => AddressSet::only(Address::Video),
             None => AddressSet::only(Address::Base),
@@ -558,7 +862,8 @@ fn validate_models(
                 set
             }
         };
-        if let Some(u) = &upstream {
+        for t in &targets {
+            let u = &t.upstream;
             if u.kind.is_video()
                 && (addresses.contains(Address::Base) || addresses.contains(Address::TokenPlan))
             {
@@ -580,27 +885,46 @@ fn validate_models(
                 "token_plan serves only chat completions, but endpoints excludes \"chat\"",
             );
         }
-        let thinking = match m.thinking.as_deref() {
-            None => ThinkingStyle::None,
-            Some(t) => match ThinkingStyle::ALL.into_iter().find(|s| s.name() == t) {
-                Some(s) => s,
-                None => {
-                    let allowed: Vec<_> = ThinkingStyle::ALL.iter().map(|s| s.name()).collect();
-                    errors.push(
-                        format!("{path}.thinking"),
-                        format!("unknown value {t:?}; allowed: {}", allowed.join(", ")),
-                    );
-                    ThinkingStyle::None
-                }
-            },
-        };
         if m.default_max_tokens == Some(0) {
             errors.push(
                 format!("{path}.default_max_tokens"),
                 "must be greater than 0",
             );
         }
-        // One name may appear once per address, so each address routes it to one upstream.
+        let strategy = match m.strategy.as_deref() {
+            None => Strategy::Weighted,
+            Some(text) => {
+                match Strategy::ALL.into_iter().find(|s| s.name() == text) {
+                    Some(s) => s,
+                    None => {
+                        errors.push(
+                        format!("{path}.strategy"),
+                        format!("unknown strategy {text:?}; allowed: weighted, least_inflight, latency"),
+                    );
+                        Strategy::Weighted
+                    }
+                }
+            }
+        };
+        let retry = match &m.retry {
+            Some(r) => validate_retry(r, defaults.retry, &format!("{path}.retry"), errors),
+            None => defaults.retry,
+        };
+        let health = match &m.health {
+            Some(h) => validate_health(h, defaults.health, &format!("{path}.health"), errors),
+            None => defaults.health,
+        };
+        for (j, f) in m.fallbacks.iter().enumerate() {
+            if f == &m.name {
+                errors.push(
+                    format!("{path}.fallbacks[{j}]"),
+                    "a model cannot fall back to itself",
+                );
+            } else {
+                all_fallbacks.push((format!("{path}.fallbacks[{j}]"), f.clone(), addresses));
+            }
+        }
+        // One name may appear once per address, so each address routes it to one entry.
         if let Some(other) = out
             .iter()
             .find(|o| o.name == m.name && o.addresses.0 & addresses.0 != 0)
@@ -616,18 +940,42 @@ fn validate_models(
                 ),
             );
         }
-        if let (Some(pattern), Some(upstream)) = (pattern, upstream) {
-            out.push(Arc::new(Model {
-                name: m.name,
-                pattern,
-                upstream,
-                upstream_model: m.upstream_model,
-                endpoints,
-                addresses,
-                vision: m.vision,
-                thinking,
-                default_max_tokens: m.default_max_tokens,
-            }));
+        if let Some(pattern) = pattern {
+            if !targets.is_empty() {
+                out.push(Arc::new(Model {
+                    name: m.name,
+                    pattern,
+                    index: out.len(),
+                    targets,
+                    strategy,
+                    fallbacks: m.fallbacks,
+                    retry,
+                    health,
+                    endpoints,
+                    addresses,
+                    vision: m.vision,
+                    thinking,
+                    default_max_tokens: m.default_max_tokens,
+                }));
+            }
+        }
+    }
+    // A fallback is looked up like a client's model name, on the addresses its model serves.
+    let table = crate::route::ModelTable::new(&out);
+    for (path, name, addresses) in all_fallbacks {
+        let found = Address::CLIENT
+            .into_iter()
+            .filter(|a| addresses.contains(*a))
+            .any(|a| {
+                table
+                    .resolve(&name, a)
+                    .is_ok_and(|f| f.primary().protocol().is_some())
+            });
+        if !found {
+            errors.push(
+                path,
+                format!("no LLM model named {name:?} is served on this model's addresses"),
+            );
         }
     }
     out

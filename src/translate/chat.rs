@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::common::*;
-use crate::config::{Model, Protocol, ThinkingStyle};
+use crate::config::{Target, ThinkingStyle};
 use crate::error::GatewayError;
 use crate::ir::{
     self, Event, Finish, Image, ImageSource, Message, Part, Reasoning, Role, Tool, ToolChoice,
@@ -49,7 +49,7 @@ fn text_of_parts(content: &Value, path: &str) -> Result<String, GatewayError> {
     }
 }
 
-fn user_parts(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, GatewayError> {
+fn user_parts(content: &Value, path: &str) -> Result<Vec<Part>, GatewayError> {
     match content {
         Value::String(s) => Ok(vec![Part::Text(s.clone())]),
         Value::Array(parts) => parts
@@ -72,7 +72,6 @@ fn user_parts(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>
                     }
                     Some(other) => Err(unsupported(
                         &format!("{ppath}.type"),
-                        target.name(),
                         &format!("{other:?} parts have no equivalent there"),
                     )),
                     None => Err(GatewayError::invalid(
@@ -89,16 +88,14 @@ fn user_parts(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>
     }
 }
 
-/// Reads a chat request (already checked by `validate::chat`) into the IR, refusing what `target` cannot express.
-pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, GatewayError> {
-    let t = target.name();
+/// Reads a chat request (already checked by `validate::chat`) into the IR, refusing what the IR cannot hold.
+pub fn request_to_ir(v: &Value) -> Result<ir::Request, GatewayError> {
     if get_u64(v, "n", 1)?.is_some_and(|n| n > 1) {
-        return Err(unsupported("n", t, "only one choice per request"));
+        return Err(unsupported("n", "only one choice per request"));
     }
     if get_bool(v, "logprobs", "logprobs")? == Some(true) {
         return Err(unsupported(
             "logprobs",
-            t,
             "log probabilities are not available",
         ));
     }
@@ -114,7 +111,7 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             Some("user") => push(
                 &mut r.messages,
                 Role::User,
-                user_parts(content, &format!("{path}.content"), target)?,
+                user_parts(content, &format!("{path}.content"))?,
             ),
             Some("tool") => {
                 let call_id =
@@ -226,7 +223,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             None => {
                 return Err(unsupported(
                     "tool_choice",
-                    t,
                     "only none, auto, required or a named function",
                 ))
             }
@@ -312,7 +308,7 @@ pub fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
 pub fn ir_to_request(
     r: &ir::Request,
     upstream_model: &str,
-    model: &Model,
+    target: &Target,
 ) -> Result<Value, GatewayError> {
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
@@ -458,7 +454,7 @@ pub fn ir_to_request(
         }
     }
     if let Some(th) = &r.thinking {
-        write_thinking(&mut out, th, model, r.max_tokens)?;
+        write_thinking(&mut out, th, target, r.max_tokens)?;
     }
     Ok(Value::Object(out))
 }
@@ -466,11 +462,11 @@ pub fn ir_to_request(
 fn write_thinking(
     out: &mut Map<String, Value>,
     th: &ir::Thinking,
-    model: &Model,
+    target: &Target,
     max_tokens: Option<u64>,
 ) -> Result<(), GatewayError> {
     let on = th.enabled;
-    match model.thinking {
+    match target.thinking {
         ThinkingStyle::ChatTemplateKwargs => {
             out.insert(
                 "chat_template_kwargs".into(),
@@ -488,12 +484,17 @@ fn write_thinking(
         }
         ThinkingStyle::Anthropic => {
             let v = if on {
-                let budget = th.budget_tokens.unwrap_or_else(|| {
-                    max_tokens
-                        .or(model.default_max_tokens.map(u64::from))
-                        .map_or(1024, |m| (m / 2).max(1024))
-                });
-                json!({"type": "enabled", "budget_tokens": budget})
+                let b = crate::thinking::anthropic_budget(
+                    th.budget_tokens,
+                    th.effort.as_deref(),
+                    max_tokens,
+                    target.default_max_tokens.map(u64::from),
+                );
+                if let Some(raised) = b.raised_max_tokens {
+                    // Written where the IR's limit went: chat's `max_tokens`.
+                    out.insert("max_tokens".into(), json!(raised));
+                }
+                json!({"type": "enabled", "budget_tokens": b.budget_tokens})
             } else {
                 json!({"type": "disabled"})
             };
@@ -506,7 +507,9 @@ fn write_thinking(
             }
             (None, false) => {}
             (None, true) => {
-                let effort = th.budget_tokens.map_or("medium", budget_to_effort);
+                let effort = th
+                    .budget_tokens
+                    .map_or("medium", crate::thinking::budget_to_effort);
                 out.insert("reasoning_effort".into(), json!(effort));
             }
         },

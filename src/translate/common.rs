@@ -119,11 +119,11 @@ pub fn string_list(v: &Value, key: &str) -> Result<Vec<String>, GatewayError> {
     }
 }
 
-/// A refusal for a field the target protocol cannot express.
-pub fn unsupported(param: &str, target: &str, why: &str) -> GatewayError {
+/// A refusal for a field that cannot cross to another protocol.
+pub fn unsupported(param: &str, why: &str) -> GatewayError {
     GatewayError::invalid(
         param,
-        format!("`{param}` cannot be served by this model's upstream ({target}): {why}"),
+        format!("`{param}` cannot be translated for this model's upstream: {why}"),
     )
 }
 
@@ -141,24 +141,4 @@ pub fn reprefix(id: &str, prefix: &str) -> String {
         return crate::ir::mint_id(prefix);
     }
     format!("{prefix}{bare}")
-}
-
-/// Effort names → an Anthropic thinking budget (LiteLLM's defaults, raised to Anthropic's 1024 floor).
-pub fn effort_to_budget(effort: Option<&str>) -> u64 {
-    match effort {
-        Some("high") => 4096,
-        Some("xhigh") => 8192,
-        Some("max") => 16384,
-        Some("medium") | None => 2048,
-        _ => 1024,
-    }
-}
-
-/// An Anthropic thinking budget → an effort name.
-pub fn budget_to_effort(budget: u64) -> &'static str {
-    match budget {
-        b if b >= 4096 => "high",
-        b if b >= 2048 => "medium",
-        _ => "low",
-    }
 }

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::common::*;
-use crate::config::{Model, Protocol};
+use crate::config::Target;
 use crate::error::GatewayError;
 use crate::ir::{
     self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage,
@@ -42,7 +42,7 @@ fn image_from(source: &Value, path: &str) -> Result<Image, GatewayError> {
     })
 }
 
-fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, GatewayError> {
+fn blocks(content: &Value, path: &str) -> Result<Vec<Part>, GatewayError> {
     let list = match content {
         Value::String(s) => return Ok(vec![Part::Text(s.clone())]),
         Value::Array(a) => a,
@@ -74,7 +74,7 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
             Some("tool_result") => {
                 let content = match b.get("content") {
                     None | Some(Value::Null) => Vec::new(),
-                    Some(c) => blocks(c, &format!("{bpath}.content"), target)?,
+                    Some(c) => blocks(c, &format!("{bpath}.content"))?,
                 };
                 parts.push(Part::ToolResult {
                     call_id: req_str(b, "tool_use_id", &format!("{bpath}.tool_use_id"))?.to_owned(),
@@ -98,7 +98,6 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
             Some(other) => {
                 return Err(unsupported(
                     &format!("{bpath}.type"),
-                    target.name(),
                     &format!("{other:?} blocks have no equivalent there"),
                 ))
             }
@@ -113,8 +112,8 @@ fn blocks(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, Ga
     Ok(parts)
 }
 
-/// Reads and checks a messages request into the IR, refusing what `target` cannot express.
-pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, GatewayError> {
+/// Reads and checks a messages request into the IR, refusing what the IR cannot hold.
+pub fn request_to_ir(v: &Value) -> Result<ir::Request, GatewayError> {
     as_object(v, "body")?;
     let mut r = ir::Request {
         max_tokens: Some(
@@ -165,7 +164,7 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         super::chat::push(
             &mut r.messages,
             role,
-            blocks(content, &format!("{path}.content"), target)?,
+            blocks(content, &format!("{path}.content"))?,
         );
     }
     for (i, t) in get_array(v, "tools", "tools")?
@@ -180,7 +179,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
         {
             return Err(unsupported(
                 &format!("tools[{i}].type"),
-                target.name(),
                 &format!("server tool {kind:?} exists only on Anthropic"),
             ));
         }
@@ -210,14 +208,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
     r.top_p = get_f64_in(v, "top_p", 0.0, 1.0)?;
     r.top_k = get_u64(v, "top_k", 0)?;
     r.stop = string_list(v, "stop_sequences")?;
-    // Refused here so the 400 names the field this client sent, not the IR's `stop`.
-    if target == Protocol::Responses && !r.stop.is_empty() {
-        return Err(unsupported(
-            "stop_sequences",
-            target.name(),
-            "the Responses API has no stop sequences",
-        ));
-    }
     r.stream = get_bool(v, "stream", "stream")?.unwrap_or(false);
     r.user = v
         .pointer("/metadata/user_id")
@@ -333,13 +323,13 @@ fn block_of(p: &Part) -> Option<Value> {
 pub fn ir_to_request(
     r: &ir::Request,
     upstream_model: &str,
-    model: &Model,
+    target: &Target,
 ) -> Result<Value, GatewayError> {
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     let mut max_tokens = r
         .max_tokens
-        .or(model.default_max_tokens.map(u64::from))
+        .or(target.default_max_tokens.map(u64::from))
         .unwrap_or(FALLBACK_MAX_TOKENS);
     let mut messages: Vec<Value> = Vec::new();
     for m in &r.messages {
@@ -435,15 +425,16 @@ pub fn ir_to_request(
     }
     if let Some(th) = &r.thinking {
         let v = if th.enabled {
-            let budget = th
-                .budget_tokens
-                .unwrap_or_else(|| effort_to_budget(th.effort.as_deref()))
-                .max(1024);
-            // Anthropic wants budget < max_tokens; grow max_tokens rather than shrink the budget.
-            if max_tokens <= budget {
-                max_tokens = budget + FALLBACK_MAX_TOKENS.min(budget);
+            let b = crate::thinking::anthropic_budget(
+                th.budget_tokens,
+                th.effort.as_deref(),
+                Some(max_tokens),
+                None,
+            );
+            if let Some(raised) = b.raised_max_tokens {
+                max_tokens = raised;
             }
-            json!({"type": "enabled", "budget_tokens": budget})
+            json!({"type": "enabled", "budget_tokens": b.budget_tokens})
         } else {
             json!({"type": "disabled"})
         };

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::common::*;
-use crate::config::{Model, Protocol};
+use crate::config::Target;
 use crate::error::GatewayError;
 use crate::ir::{
     self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage,
@@ -38,7 +38,7 @@ fn signature_of(item: &Value) -> Option<String> {
 
 // === requests: responses client → IR ===
 
-fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, GatewayError> {
+fn parts_of(content: &Value, path: &str) -> Result<Vec<Part>, GatewayError> {
     match content {
         Value::String(s) => Ok(vec![Part::Text(s.clone())]),
         Value::Array(a) => a
@@ -58,7 +58,6 @@ fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, 
                             .ok_or_else(|| {
                                 unsupported(
                                     &format!("{ppath}.file_id"),
-                                    target.name(),
                                     "images must be given by image_url",
                                 )
                             })?;
@@ -70,7 +69,6 @@ fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, 
                     }
                     Some(other) => Err(unsupported(
                         &format!("{ppath}.type"),
-                        target.name(),
                         &format!("{other:?} parts have no equivalent there"),
                     )),
                     None => Err(GatewayError::invalid(
@@ -87,21 +85,18 @@ fn parts_of(content: &Value, path: &str, target: Protocol) -> Result<Vec<Part>, 
     }
 }
 
-/// Reads and checks a responses request into the IR, refusing what `target` cannot express.
-pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, GatewayError> {
+/// Reads and checks a responses request into the IR, refusing what the IR cannot hold.
+pub fn request_to_ir(v: &Value) -> Result<ir::Request, GatewayError> {
     as_object(v, "body")?;
-    let t = target.name();
     if v.get("previous_response_id").is_some_and(|p| !p.is_null()) {
         return Err(unsupported(
             "previous_response_id",
-            t,
             "the gateway keeps no conversation store; send the whole input",
         ));
     }
     if v.get("conversation").is_some_and(|p| !p.is_null()) {
         return Err(unsupported(
             "conversation",
-            t,
             "the gateway keeps no conversation store; send the whole input",
         ));
     }
@@ -129,7 +124,7 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                         match item.get("role").and_then(Value::as_str) {
                             Some("system" | "developer") => {
                                 let text: Vec<String> =
-                                    parts_of(content, &format!("{path}.content"), target)?
+                                    parts_of(content, &format!("{path}.content"))?
                                         .into_iter()
                                         .filter_map(|p| {
                                             if let Part::Text(t) = p {
@@ -144,12 +139,12 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                             Some("user") => super::chat::push(
                                 &mut r.messages,
                                 Role::User,
-                                parts_of(content, &format!("{path}.content"), target)?,
+                                parts_of(content, &format!("{path}.content"))?,
                             ),
                             Some("assistant") => super::chat::push(
                                 &mut r.messages,
                                 Role::Assistant,
-                                parts_of(content, &format!("{path}.content"), target)?,
+                                parts_of(content, &format!("{path}.content"))?,
                             ),
                             _ => {
                                 return Err(GatewayError::invalid(
@@ -173,9 +168,7 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                     "function_call_output" => {
                         let content = match item.get("output") {
                             Some(Value::String(s)) => vec![Part::Text(s.clone())],
-                            Some(o @ Value::Array(_)) => {
-                                parts_of(o, &format!("{path}.output"), target)?
-                            }
+                            Some(o @ Value::Array(_)) => parts_of(o, &format!("{path}.output"))?,
                             _ => {
                                 return Err(GatewayError::invalid(
                                     format!("{path}.output"),
@@ -210,7 +203,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
                     other => {
                         return Err(unsupported(
                             &format!("{path}.type"),
-                            t,
                             &format!("{other:?} items have no equivalent there"),
                         ))
                     }
@@ -244,7 +236,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             other => {
                 return Err(unsupported(
                     &format!("tools[{i}].type"),
-                    t,
                     &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")),
                 ))
             }
@@ -265,7 +256,6 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
             _ => {
                 return Err(unsupported(
                     "tool_choice",
-                    t,
                     "only none, auto, required or a named function",
                 ))
             }
@@ -315,15 +305,9 @@ pub fn request_to_ir(v: &Value, target: Protocol) -> Result<ir::Request, Gateway
 pub fn ir_to_request(
     r: &ir::Request,
     upstream_model: &str,
-    _model: &Model,
+    _target: &Target,
 ) -> Result<Value, GatewayError> {
-    if !r.stop.is_empty() {
-        return Err(unsupported(
-            "stop",
-            "responses",
-            "the Responses API has no stop sequences",
-        ));
-    }
+    // Stop sequences were refused by the Capabilities check before this runs.
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     if !r.system.is_empty() {
@@ -419,7 +403,7 @@ pub fn ir_to_request(
         if th.enabled {
             let effort = th.effort.clone().unwrap_or_else(|| {
                 th.budget_tokens
-                    .map_or("medium", budget_to_effort)
+                    .map_or("medium", crate::thinking::budget_to_effort)
                     .to_owned()
             });
             out.insert(

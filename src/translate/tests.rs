@@ -113,7 +113,7 @@ fn translation(client: Protocol) -> Translation {
         client,
         Protocol::Chat,
         body.as_bytes(),
-        &config.models[0],
+        config.models[0].primary(),
         "m",
     )
     .unwrap()

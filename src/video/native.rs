@@ -23,9 +23,9 @@ pub async fn create(
     original: &Bytes,
     mut obj: RawObject<'_>,
 ) -> Result<String, Failure> {
-    let upstream = &model.upstream;
+    let upstream = &model.primary().upstream;
     // Fields the gateway does not know go through untouched: this upstream speaks the interface.
-    let body = match &model.upstream_model {
+    let body = match &model.primary().upstream_model {
         Some(name) => {
             obj.set("model", json::to_raw(name.as_str()));
             Bytes::from(obj.to_vec())
@@ -188,6 +188,7 @@ mod tests {
             credential: None,
             headers: Vec::new(),
             protocol_uris: [None, None, None],
+            mock_protocol: None,
         }
     }
 
