@@ -19,6 +19,9 @@ const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 const BUDGET_FLOOR: u64 = 10;
 /// Weight of a new time-to-first-byte sample in the latency strategy's average.
 const EWMA_ALPHA: f64 = 0.3;
+/// Added to a failed attempt's time when it enters the latency average: a target that fails
+/// fast (connection refused) must not look fast.
+const FAILURE_PENALTY: Duration = Duration::from_secs(1);
 
 /// Per-target and per-model state for one loaded config.
 #[derive(Debug)]
@@ -26,10 +29,19 @@ pub struct Runtime {
     models: Vec<ModelRuntime>,
 }
 
+/// The state of one model entry, named so a reload can hand it to the same entry's successor.
 #[derive(Debug)]
 struct ModelRuntime {
-    targets: Vec<TargetRuntime>,
-    budget: Mutex<BudgetWindow>,
+    name: String,
+    targets: Vec<(TargetKey, Arc<TargetRuntime>)>,
+    budget: Arc<Mutex<BudgetWindow>>,
+}
+
+/// A target is the same across a reload when its upstream and model name are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TargetKey {
+    upstream: String,
+    upstream_model: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -52,21 +64,43 @@ struct Health {
 }
 
 impl Runtime {
-    pub fn new(config: &Config) -> Self {
-        Self {
-            models: config
-                .models
-                .iter()
-                .map(|m| ModelRuntime {
-                    targets: m.targets.iter().map(|_| TargetRuntime::default()).collect(),
-                    budget: Mutex::new(BudgetWindow::default()),
-                })
-                .collect(),
-        }
+    /// State for `config`'s models; what `previous` kept for the same model and target carries over.
+    pub fn new(config: &Config, previous: Option<&Runtime>) -> Self {
+        let models = config
+            .models
+            .iter()
+            .map(|m| {
+                let old = previous.and_then(|p| p.models.iter().find(|o| o.name == m.name));
+                let targets = m
+                    .targets
+                    .iter()
+                    .map(|t| {
+                        let key = TargetKey {
+                            upstream: t.upstream.name.clone(),
+                            upstream_model: t.upstream_model.clone(),
+                        };
+                        let state = old
+                            .and_then(|o| o.targets.iter().find(|(k, _)| *k == key))
+                            .map_or_else(Arc::default, |(_, s)| s.clone());
+                        (key, state)
+                    })
+                    .collect();
+                ModelRuntime {
+                    name: m.name.clone(),
+                    targets,
+                    budget: old.map_or_else(Arc::default, |o| o.budget.clone()),
+                }
+            })
+            .collect();
+        Self { models }
     }
 
     fn target(&self, model: &Model, index: usize) -> Option<&TargetRuntime> {
-        self.models.get(model.index)?.targets.get(index)
+        self.models
+            .get(model.index)?
+            .targets
+            .get(index)
+            .map(|(_, t)| t.as_ref())
     }
 
     /// Counts a new request against `model`'s retry budget.
@@ -112,26 +146,20 @@ impl Runtime {
             return;
         };
         if let Some(ttfb) = ttfb {
-            let sample = ttfb.as_micros().min(u128::from(u64::MAX / 2)) as f64;
-            let old = t.ttfb_ewma_us.load(Ordering::Relaxed);
-            let new = if old == 0 {
-                sample
-            } else {
-                EWMA_ALPHA * sample + (1.0 - EWMA_ALPHA) * old as f64
-            };
-            // A lost update between racing requests only drops one sample of an average.
-            t.ttfb_ewma_us.store((new as u64).max(1), Ordering::Relaxed);
+            t.sample(ttfb);
         }
         let mut h = lock(&t.health);
         *h = Health::default();
     }
 
-    /// A retryable failure; ejects the target after `eject_after` of them in a row, and at
-    /// once when a probe fails. Returns true when this failure ejected it.
-    pub fn failure(&self, model: &Model, index: usize) -> bool {
+    /// A failure another attempt could mend (whether or not the policy retries it), after
+    /// `took`; ejects the target after `eject_after` of them in a row, and at once when a probe
+    /// fails. Returns true when this failure ejected it.
+    pub fn failure(&self, model: &Model, index: usize, took: Duration) -> bool {
         let Some(t) = self.target(model, index) else {
             return false;
         };
+        t.sample(took.saturating_add(FAILURE_PENALTY));
         let policy = model.health;
         let mut h = lock(&t.health);
         let probe_failed = std::mem::take(&mut h.probing);
@@ -146,6 +174,22 @@ impl Runtime {
         h.ejected_at = Some(now);
         h.ejected_until = Some(now + ejection_length(policy, h.ejections));
         true
+    }
+}
+
+impl TargetRuntime {
+    /// Folds one time-to-first-byte sample into the average.
+    fn sample(&self, took: Duration) {
+        let sample = took.as_micros().min(u128::from(u64::MAX / 2)) as f64;
+        let old = self.ttfb_ewma_us.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            EWMA_ALPHA * sample + (1.0 - EWMA_ALPHA) * old as f64
+        };
+        // A lost update between racing requests only drops one sample of an average.
+        self.ttfb_ewma_us
+            .store((new as u64).max(1), Ordering::Relaxed);
     }
 }
 

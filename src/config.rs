@@ -283,7 +283,7 @@ pub struct Key {
     pub models: Vec<NamePattern>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_request_bytes: u64,
     pub connect_timeout: Duration,
@@ -291,7 +291,7 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listen {
     pub base: SocketAddr,
     pub token_plan: Option<SocketAddr>,
@@ -326,6 +326,8 @@ pub struct VideoSettings {
 pub struct Config {
     pub listen: Listen,
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// SHA-256 over the TLS files' paths and contents: a reload compares it to see a change.
+    pub tls_fingerprint: Option<[u8; 32]>,
     pub limits: Limits,
     pub video: VideoSettings,
     pub keys: Vec<Key>,
@@ -378,6 +380,22 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigErrors> {
         validate::parse(text, base_dir, env)
+    }
+
+    /// What differs from `self` in `next` that only a restart applies: listeners, TLS files,
+    /// and the `[limits]` the upstream client and listeners were built with.
+    pub fn restart_needed(&self, next: &Config) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.listen != next.listen {
+            out.push("listen");
+        }
+        if self.tls_fingerprint != next.tls_fingerprint {
+            out.push("tls");
+        }
+        if self.limits != next.limits {
+            out.push("limits");
+        }
+        out
     }
 
     /// The routing table as `modelgate check` prints it: one row per target, so every

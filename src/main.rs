@@ -1,4 +1,4 @@
-//! The `modelgate` command line: serve | check | hash-key | mock.
+//! The `modelgate` command line: serve (with reload on SIGHUP and file changes) | check | hash-key | mock.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use modelgate::config::{Address, Config, UpstreamKind};
-use modelgate::{auth, mock, server};
+use modelgate::{auth, mock, reload, server};
 
 // Requests and translations make many small, short-lived allocations: under glibc's allocator
 // they took about 40% of a translation's time in a profile (malloc_consolidate among the top),
@@ -178,7 +178,13 @@ async fn serve(path: PathBuf) -> ExitCode {
         }
     }
     print_try_it(&config, &running, scheme);
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the reload watcher lives as long as the process"
+    )]
+    let watcher = tokio::spawn(reload::watch(running.gateway().clone(), path, config));
     signal.await;
+    watcher.abort();
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
     running.shutdown(SHUTDOWN_DEADLINE).await;
     tracing::info!("stopped");

@@ -1,4 +1,4 @@
-//! Counters for `/metrics` in Prometheus text format: requests by address and status class, upstream calls, in-flight requests.
+//! Counters for `/metrics` in Prometheus text format: requests by address and status class, upstream calls, in-flight requests, config reloads.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -12,6 +12,8 @@ pub struct Metrics {
     upstream_requests: AtomicU64,
     upstream_failures: AtomicU64,
     in_flight: AtomicI64,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -30,6 +32,15 @@ impl Metrics {
         if failed {
             self.upstream_failures.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub fn config_reloaded(&self, ok: bool) {
+        let c = if ok {
+            &self.reloads_ok
+        } else {
+            &self.reloads_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn render(&self) -> String {
@@ -66,6 +77,18 @@ impl Metrics {
             "modelgate_upstream_failures_total {}",
             self.upstream_failures.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP modelgate_config_reloads_total Config reloads, applied (ok) or refused (error)."
+        );
+        let _ = writeln!(out, "# TYPE modelgate_config_reloads_total counter");
+        for (result, c) in [("ok", &self.reloads_ok), ("error", &self.reloads_failed)] {
+            let _ = writeln!(
+                out,
+                "modelgate_config_reloads_total{{result=\"{result}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(out, "# TYPE modelgate_in_flight_requests gauge");
         let _ = writeln!(
             out,

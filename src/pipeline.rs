@@ -9,42 +9,51 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use crate::attempt::{InFlight, Runtime, Selector};
-use crate::auth::{KeyStore, Principal};
+use arc_swap::ArcSwap;
+
+use crate::attempt::{InFlight, Selector};
+use crate::auth::Principal;
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::json::RawObject;
 use crate::plan::{Encoded, Plan, Reply};
-use crate::route::{self, ModelTable, NamePattern};
+use crate::route::{self, NamePattern};
+use crate::routing::Routing;
 use crate::translate::{self, Translation};
 use crate::upstream;
-use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, VideoService};
+use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint};
 use crate::{mock, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
-    pub keys: KeyStore,
-    pub models: ModelTable,
-    /// The upstream client, metrics and limits, shared with video.
+    /// The upstream client, metrics and limits: for the life of the process.
     pub services: Services,
-    pub video: VideoService,
-    /// Targets' health, load and latency, and each model's retry budget.
-    pub runtime: Arc<Runtime>,
+    /// Keys, models, targets: replaced whole by a reload, read once per request.
+    routing: ArcSwap<Routing>,
     ready: AtomicBool,
 }
 
 impl Gateway {
     pub fn new(config: &Config) -> Self {
         Self {
-            keys: KeyStore::new(&config.keys),
-            models: ModelTable::new(&config.models),
             services: Services::new(config),
-            video: VideoService::new(config),
-            runtime: Arc::new(Runtime::new(config)),
+            routing: ArcSwap::from_pointee(Routing::new(config, None)),
             ready: AtomicBool::new(true),
         }
+    }
+
+    /// The routing state new requests use.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.load_full()
+    }
+
+    /// Puts a new config's routing in place for every request that starts from now on;
+    /// requests already running keep the one they started with.
+    pub fn replace_routing(&self, config: &Config) {
+        let next = Routing::new(config, Some(&self.routing.load()));
+        self.routing.store(Arc::new(next));
     }
 
     /// Makes `/readyz` fail so load balancers drain this instance during shutdown.
@@ -179,7 +188,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         )),
         Some(ep) => match ep.method() {
             Some((m, allow)) if req.method() != m => Err(GatewayError::method_not_allowed(allow)),
-            _ => dispatch(gw, address, ep, req, &mut ctx).await,
+            _ => dispatch(gw, &gw.routing(), address, ep, req, &mut ctx).await,
         },
     };
     let mut resp = match result {
@@ -226,23 +235,24 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
 
 async fn dispatch(
     gw: &Gateway,
+    rt: &Routing,
     address: Address,
     ep: Endpoint,
     req: Request<Incoming>,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
     match ep {
-        Endpoint::Llm(protocol) => llm(gw, address, protocol, req, ctx).await,
+        Endpoint::Llm(protocol) => llm(gw, rt, address, protocol, req, ctx).await,
         Endpoint::Models => {
-            let principal = gw.keys.authenticate(req.headers(), address, false)?;
+            let principal = rt.keys.authenticate(req.headers(), address, false)?;
             ctx.key = Some(principal.clone());
-            Ok(list_models(gw, address, &principal))
+            Ok(list_models(rt, address, &principal))
         }
         Endpoint::Health => Ok(text(StatusCode::OK, "ok\n")),
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
         Endpoint::Metrics => Ok(text(StatusCode::OK, gw.services.metrics.render())),
-        Endpoint::Video => video(gw, req, ctx).await,
+        Endpoint::Video => video(gw, rt, req, ctx).await,
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
             let bytes =
@@ -255,6 +265,7 @@ async fn dispatch(
 /// The video address: the key checked and a creation's body read here, the rest in `video`.
 async fn video(
     gw: &Gateway,
+    rt: &Routing,
     req: Request<Incoming>,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
@@ -262,7 +273,7 @@ async fn video(
     let ep = VideoEndpoint::parse(&parts.method, parts.uri.path())?;
     if ep.needs_key() {
         ctx.key = Some(
-            gw.keys
+            rt.keys
                 .authenticate(&parts.headers, Address::Video, false)?,
         );
     }
@@ -279,18 +290,19 @@ async fn video(
         principal: ctx.key.as_ref(),
         body: bytes.as_ref(),
     };
-    gw.video.handle(&gw.services, &gw.models, ep, call).await
+    rt.video.handle(&gw.services, &rt.models, ep, call).await
 }
 
 /// `POST /v1/chat/completions`, `/v1/messages`, `/v1/responses`.
 async fn llm(
     gw: &Gateway,
+    rt: &Routing,
     address: Address,
     protocol: Protocol,
     req: Request<Incoming>,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
-    let principal = gw
+    let principal = rt
         .keys
         .authenticate(req.headers(), address, protocol == Protocol::Messages)?;
     ctx.key = Some(principal.clone());
@@ -298,7 +310,7 @@ async fn llm(
     let bytes = read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
     let obj = parse_object(&bytes)?;
     let client_model = validate::model_name(&obj)?.into_owned();
-    let model = gw.models.resolve(&client_model, address)?.clone();
+    let model = rt.models.resolve(&client_model, address)?.clone();
     ctx.model = Some(model.clone());
     principal.check_model(&client_model)?;
     route::check_endpoint(&model, &client_model, protocol)?;
@@ -311,7 +323,7 @@ async fn llm(
     let mut plan = Plan::new(protocol, &bytes, obj, &model, &client_model)?;
     let mut chain = vec![(model.clone(), client_model.clone())];
     for name in &model.fallbacks {
-        match gw.models.resolve(name, address) {
+        match rt.models.resolve(name, address) {
             Ok(f) if f.primary().protocol().is_some() && !f.primary().upstream.kind.is_video() => {
                 chain.push((f.clone(), name.clone()))
             }
@@ -321,7 +333,7 @@ async fn llm(
         }
     }
     let mut selector = Selector::new(chain);
-    attempts(gw, &mut plan, &mut selector, &parts.headers, ctx).await
+    attempts(gw, rt, &mut plan, &mut selector, &parts.headers, ctx).await
 }
 
 /// An attempt that failed in a way another attempt could mend, kept to answer with if it is the last.
@@ -337,6 +349,7 @@ enum Failed {
 /// model's attempts and retry budget; anything else is the answer.
 async fn attempts(
     gw: &Gateway,
+    rt: &Routing,
     plan: &mut Plan<'_>,
     selector: &mut Selector,
     headers: &HeaderMap,
@@ -344,14 +357,17 @@ async fn attempts(
 ) -> Result<Response<Body>, GatewayError> {
     let model = selector.model().clone();
     let policy = model.retry;
-    gw.runtime.request_started(&model);
+    rt.runtime.request_started(&model);
     let mut last: Option<Failed> = None;
     let mut refusal: Option<GatewayError> = None;
     let mut smallest_retry_after: Option<Duration> = None;
     while ctx.attempts < policy.attempts {
-        let Some(pick) = selector.next(&gw.runtime) else {
+        let Some(pick) = selector.next(&rt.runtime) else {
             break;
         };
+        // Counted from the pick on: a probe chosen here is released by this guard whatever
+        // happens before it is sent (a refusal, a spent budget, a client leaving in the pause).
+        let inflight = rt.runtime.start(&pick.model, pick.index, pick.probe);
         let target = &pick.model.targets[pick.index];
         let encoded = match plan.encode(target, &pick.name) {
             Ok(e) => e,
@@ -364,7 +380,7 @@ async fn attempts(
             }
         };
         if ctx.attempts > 0 {
-            if !gw.runtime.take_retry(&model) {
+            if !rt.runtime.take_retry(&model) {
                 tracing::warn!(request_id = ?ctx.request_id, model = %model.name, "retry budget spent; answering the last failure");
                 break;
             }
@@ -375,54 +391,54 @@ async fn attempts(
         ctx.attempts += 1;
         ctx.upstream = Some(target.upstream.name.clone());
         let started = tokio::time::Instant::now();
-        let inflight = gw.runtime.start(&pick.model, pick.index, pick.probe);
         let result = send(gw, target, &encoded, headers, &ctx.request_id).await;
         let elapsed = started.elapsed();
+        let unhealthy = |rt: &Routing| {
+            // Health follows what the target did, whatever the retry policy makes of it.
+            if rt.runtime.failure(&pick.model, pick.index, elapsed) {
+                tracing::warn!(upstream = %target.upstream.name, model = %pick.model.name, "target ejected");
+            }
+        };
         let failure = match result {
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                match RetryClass::of_status(status) {
-                    Some(class) if policy_retries(&policy, class) => {
-                        let after = retry_after(resp.headers());
-                        ctx.log_attempt(&target.upstream.name, status.to_string(), elapsed);
-                        if gw.runtime.failure(&pick.model, pick.index) {
-                            tracing::warn!(upstream = %target.upstream.name, model = %pick.model.name, "target ejected");
-                        }
-                        if let Some(a) = after {
-                            selector.retry_after(&pick, a, &policy);
-                            if status == 429 {
-                                smallest_retry_after =
-                                    Some(smallest_retry_after.map_or(a, |s| s.min(a)));
-                            }
-                        }
-                        last = Some(Failed::Status(resp, Box::new(encoded)));
-                        continue;
-                    }
-                    _ => {
-                        let ok = resp.status().is_success();
-                        match first_frame(
-                            resp,
-                            gw.services
-                                .limits
-                                .first_byte_timeout
-                                .saturating_sub(elapsed),
-                        )
-                        .await
-                        {
-                            Ok(resp) => {
-                                gw.runtime
-                                    .success(&pick.model, pick.index, ok.then_some(elapsed));
-                                ctx.log_attempt(
-                                    &target.upstream.name,
-                                    status.to_string(),
-                                    started.elapsed(),
-                                );
-                                let resp = respond(resp, gw.services.limits, encoded.reply).await?;
-                                return Ok(with_guard(resp, inflight));
-                            }
-                            Err(e) => e,
+                let class = RetryClass::of_status(status);
+                if class.is_some() {
+                    unhealthy(rt);
+                }
+                if class.is_some_and(|c| policy_retries(&policy, c)) {
+                    ctx.log_attempt(&target.upstream.name, status.to_string(), elapsed);
+                    if let Some(a) = retry_after(resp.headers()) {
+                        selector.retry_after(&pick, a, &policy);
+                        if status == 429 {
+                            smallest_retry_after =
+                                Some(smallest_retry_after.map_or(a, |s| s.min(a)));
                         }
                     }
+                    last = Some(Failed::Status(resp, Box::new(encoded)));
+                    continue;
+                }
+                let ok = resp.status().is_success();
+                let within = gw
+                    .services
+                    .limits
+                    .first_byte_timeout
+                    .saturating_sub(elapsed);
+                match first_frame(resp, within).await {
+                    Ok(resp) => {
+                        if class.is_none() {
+                            rt.runtime
+                                .success(&pick.model, pick.index, ok.then_some(elapsed));
+                        }
+                        ctx.log_attempt(
+                            &target.upstream.name,
+                            status.to_string(),
+                            started.elapsed(),
+                        );
+                        let resp = respond(resp, gw.services.limits, encoded.reply).await?;
+                        return Ok(with_guard(resp, inflight));
+                    }
+                    Err(e) => e,
                 }
             }
             Err(e) => e,
@@ -432,8 +448,8 @@ async fn attempts(
             failure.retry.map_or("error", RetryClass::name).to_owned(),
             elapsed,
         );
-        if failure.retry.is_some() && gw.runtime.failure(&pick.model, pick.index) {
-            tracing::warn!(upstream = %target.upstream.name, model = %pick.model.name, "target ejected");
+        if failure.retry.is_some() {
+            unhealthy(rt);
         }
         let retryable = failure
             .retry
@@ -447,7 +463,7 @@ async fn attempts(
         Some(Failed::Transport(e)) => Err(e),
         Some(Failed::Status(resp, encoded)) => {
             let mut resp = respond(resp, gw.services.limits, encoded.reply).await?;
-            if let Some(after) = smallest_retry_after {
+            if let Some(after) = smallest_retry_after.filter(|_| resp.status().as_u16() == 429) {
                 let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
                 resp.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -688,9 +704,9 @@ pub(crate) async fn read_body(
 }
 
 /// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.
-fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Response<Body> {
+fn list_models(rt: &Routing, address: Address, principal: &Principal) -> Response<Body> {
     let mut ids: Vec<String> = Vec::new();
-    for m in gw.models.all() {
+    for m in rt.models.all() {
         if !m.addresses.contains(address)
             || (address == Address::TokenPlan && !m.endpoints.contains(Protocol::Chat))
         {
@@ -713,7 +729,7 @@ fn list_models(gw: &Gateway, address: Address, principal: &Principal) -> Respons
             };
             if let Some(id) = narrower {
                 let probe = id.trim_end_matches('*');
-                if gw
+                if rt
                     .models
                     .resolve(probe, address)
                     .is_ok_and(|r| Arc::ptr_eq(r, m))

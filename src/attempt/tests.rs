@@ -69,7 +69,7 @@ name = "f"
 upstream = "c"
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let mut sel = Selector::new(chain(&cfg, &["m", "f"]));
     let first: Vec<String> = (0..2)
         .map(|_| upstream_of(&sel.next(&rt).unwrap()).to_owned())
@@ -99,7 +99,7 @@ name = "m"
 targets = [{ upstream = "a", weight = 3 }, { upstream = "b", weight = 1 }]
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let n = 4000;
     let a = (0..n)
         .filter(|_| {
@@ -121,7 +121,7 @@ strategy = "least_inflight"
 targets = [{ upstream = "a" }, { upstream = "b" }]
 "#,
     );
-    let rt = Arc::new(Runtime::new(&cfg));
+    let rt = Arc::new(Runtime::new(&cfg, None));
     let m = cfg.models[0].clone();
     let busy = rt.start(&m, 0, false);
     for _ in 0..50 {
@@ -150,7 +150,7 @@ strategy = "latency"
 targets = [{ upstream = "a" }, { upstream = "b" }]
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let m = cfg.models[0].clone();
     rt.success(&m, 0, Some(Duration::from_millis(400)));
     rt.success(&m, 1, Some(Duration::from_millis(40)));
@@ -170,10 +170,13 @@ targets = [{ upstream = "a" }, { upstream = "b" }]
 health = { eject_after = 2, eject_ms = 1000 }
 "#,
     );
-    let rt = Arc::new(Runtime::new(&cfg));
+    let rt = Arc::new(Runtime::new(&cfg, None));
     let m = cfg.models[0].clone();
-    assert!(!rt.failure(&m, 0));
-    assert!(rt.failure(&m, 0), "the second failure in a row ejects");
+    assert!(!rt.failure(&m, 0, Duration::ZERO));
+    assert!(
+        rt.failure(&m, 0, Duration::ZERO),
+        "the second failure in a row ejects"
+    );
     let pick_first = |rt: &Runtime| {
         let mut sel = Selector::new(chain(&cfg, &["m"]));
         sel.next(rt).unwrap()
@@ -190,7 +193,7 @@ health = { eject_after = 2, eject_ms = 1000 }
         assert_eq!(upstream_of(&pick_first(&rt)), "b");
     }
     // The probe fails: ejected again at once, for twice as long.
-    assert!(rt.failure(&m, 0));
+    assert!(rt.failure(&m, 0, Duration::ZERO));
     drop(guard);
     tokio::time::advance(Duration::from_millis(1500)).await;
     assert_eq!(upstream_of(&pick_first(&rt)), "b");
@@ -215,11 +218,11 @@ targets = [{ upstream = "a" }, { upstream = "b" }]
 health = { eject_after = 1, eject_ms = 60000 }
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let m = cfg.models[0].clone();
-    assert!(rt.failure(&m, 1));
+    assert!(rt.failure(&m, 1, Duration::ZERO));
     tokio::time::advance(Duration::from_millis(10)).await;
-    assert!(rt.failure(&m, 0));
+    assert!(rt.failure(&m, 0, Duration::ZERO));
     let mut sel = Selector::new(chain(&cfg, &["m"]));
     let p = sel.next(&rt).unwrap();
     assert_eq!((upstream_of(&p), p.probe), ("b", false));
@@ -235,7 +238,7 @@ upstream = "a"
 retry = { budget_percent = 50 }
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let m = cfg.models[0].clone();
     let granted = (0..20).filter(|_| rt.take_retry(&m)).count();
     assert_eq!(granted, 10, "the floor, with no requests counted");
@@ -261,7 +264,7 @@ upstream = "a"
 retry = { backoff_ms = 100, max_backoff_ms = 300, retry_after_max_ms = 5000 }
 "#,
     );
-    let rt = Runtime::new(&cfg);
+    let rt = Runtime::new(&cfg, None);
     let policy = cfg.models[0].retry;
     let mut sel = Selector::new(chain(&cfg, &["m"]));
     let pick = sel.next(&rt).unwrap();
@@ -284,4 +287,57 @@ retry = { backoff_ms = 100, max_backoff_ms = 300, retry_after_max_ms = 5000 }
     // A retry-after past the maximum leaves the target for the rest of the request.
     sel.retry_after(&pick, Duration::from_secs(60), &policy);
     assert!(sel.next(&rt).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_keeps_the_state_of_targets_that_stay() {
+    let models = r#"
+[[models]]
+name = "m"
+targets = [{ upstream = "a" }, { upstream = "b" }]
+health = { eject_after = 1, eject_ms = 60000 }
+"#;
+    let cfg = config(models);
+    let rt = Runtime::new(&cfg, None);
+    assert!(rt.failure(&cfg.models[0], 0, Duration::ZERO));
+    // The same file again, and one where the model lost target "b": "a" stays ejected.
+    for next in [
+        models.to_owned(),
+        models.replace(r#", { upstream = "b" }"#, ""),
+    ] {
+        let cfg2 = config(&next);
+        let rt2 = Runtime::new(&cfg2, Some(&rt));
+        let t = rt2.target(&cfg2.models[0], 0).unwrap();
+        assert!(lock(&t.health).ejected_until.is_some(), "{next}");
+    }
+    // A renamed upstream model is another target: it starts healthy.
+    let cfg3 = config(&models.replace(
+        r#"{ upstream = "a" }"#,
+        r#"{ upstream = "a", upstream_model = "x" }"#,
+    ));
+    let rt3 = Runtime::new(&cfg3, Some(&rt));
+    let t = rt3.target(&cfg3.models[0], 0).unwrap();
+    assert!(lock(&t.health).ejected_until.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_that_fails_fast_does_not_look_fast() {
+    let cfg = config(
+        r#"
+[[models]]
+name = "m"
+strategy = "latency"
+targets = [{ upstream = "a" }, { upstream = "b" }]
+health = { eject_after = 0 }
+"#,
+    );
+    let rt = Runtime::new(&cfg, None);
+    let m = cfg.models[0].clone();
+    rt.success(&m, 1, Some(Duration::from_millis(300)));
+    // "a" refuses connections in a millisecond: never measured as a success, yet avoided.
+    assert!(!rt.failure(&m, 0, Duration::from_millis(1)));
+    for _ in 0..50 {
+        let mut sel = Selector::new(chain(&cfg, &["m"]));
+        assert_eq!(upstream_of(&sel.next(&rt).unwrap()), "b");
+    }
 }

@@ -228,9 +228,11 @@ pub(super) fn parse(
         .unwrap_or_default();
 
     let listen = raw_listen.and_then(|l| validate_listen(l, &mut errors));
+    let mut tls_fingerprint = None;
     let tls = raw_tls.and_then(|t| {
         let cert = base_dir.join(&t.cert);
         let key = base_dir.join(&t.key);
+        tls_fingerprint = Some(fingerprint(&[&cert, &key]));
         match crate::tls::server_config(&cert, &key) {
             Ok(c) => Some(Arc::new(c)),
             Err(e) => {
@@ -259,6 +261,7 @@ pub(super) fn parse(
         Some(listen) if errors.0.is_empty() => Ok(Config {
             listen,
             tls,
+            tls_fingerprint,
             limits,
             video,
             keys,
@@ -267,6 +270,20 @@ pub(super) fn parse(
         }),
         _ => Err(ConfigErrors(errors.0)),
     }
+}
+
+/// SHA-256 over files' paths and contents (an unreadable file counts as empty; loading it
+/// reports the error).
+fn fingerprint(files: &[&Path]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for f in files {
+        h.update(f.as_os_str().as_encoded_bytes());
+        h.update([0]);
+        h.update(std::fs::read(f).unwrap_or_default());
+        h.update([0]);
+    }
+    h.finalize().into()
 }
 
 fn validate_listen(raw: RawListen, errors: &mut Errors) -> Option<Listen> {
