@@ -130,6 +130,11 @@ impl Tail {
     }
 }
 
+/// A streamed body was silent for `[limits] idle_timeout_ms`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no body bytes for {} ms", .0.as_millis())]
+pub struct IdleTimeout(pub Duration);
+
 pin_project! {
     /// Wraps an upstream body: resets an idle timer on every frame and, for streams, turns a
     /// break (transport error, idle timeout, end without terminator) into the protocol's error.
@@ -213,13 +218,14 @@ where
             }
             Poll::Pending => {
                 ready!(this.idle.as_mut().poll(cx));
-                GatewayError::new(
-                    ErrorKind::UpstreamTimeout,
-                    format!(
-                        "the upstream sent nothing for {} ms",
-                        this.idle_timeout.as_millis()
-                    ),
-                )
+                let idle = IdleTimeout(*this.idle_timeout);
+                GatewayError {
+                    source: Some(std::sync::Arc::new(idle)),
+                    ..GatewayError::new(
+                        ErrorKind::UpstreamTimeout,
+                        format!("the upstream sent nothing for {} ms", idle.0.as_millis()),
+                    )
+                }
             }
         };
         *this.done = true;
@@ -246,9 +252,114 @@ where
     }
 }
 
+pin_project! {
+    /// A body with a frame already read from it put back in front.
+    pub struct Prepend<B> {
+        first: Option<Frame<Bytes>>,
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> Prepend<B> {
+    pub fn new(first: Frame<Bytes>, inner: B) -> Self {
+        Self {
+            first: Some(first),
+            inner,
+        }
+    }
+}
+
+impl<B> HttpBody for Prepend<B>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        this.inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let Some(len) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(|d| d.len() as u64)
+        else {
+            return inner;
+        };
+        // Upper before lower: `set_lower` panics on a lower bound above the current upper.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(len));
+        }
+        hint.set_lower(inner.lower().saturating_add(len));
+        hint
+    }
+}
+
+pin_project! {
+    /// A body that holds a value until it is dropped: the end of the response for whoever
+    /// counts it (a target's requests in flight).
+    pub struct Guarded<B, G> {
+        #[pin]
+        inner: B,
+        guard: G,
+    }
+}
+
+impl<B, G> Guarded<B, G> {
+    pub fn new(inner: B, guard: G) -> Self {
+        Self { inner, guard }
+    }
+}
+
+impl<B: HttpBody, G> HttpBody for Guarded<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_prepended_frame_comes_first_and_counts_in_the_length() {
+        let inner = Full::new(Bytes::from_static(b" world"));
+        let body = Prepend::new(Frame::data(Bytes::from_static(b"hello")), inner);
+        assert_eq!(body.size_hint().exact(), Some(11));
+        let all = body.collect().await.map(|c| c.to_bytes());
+        assert_eq!(all.ok().as_deref(), Some(&b"hello world"[..]));
+    }
 
     #[test]
     fn a_marker_is_found_inside_a_frame_and_across_the_seam() {

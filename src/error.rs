@@ -1,6 +1,7 @@
 //! Gateway errors: one typed value per failure, rendered once, in the client protocol's own shape.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -26,6 +27,39 @@ pub enum Side {
     Client,
     Upstream,
     Internal,
+}
+
+/// The failures before the first byte that another attempt could mend (gateway.md §10 `on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryClass {
+    /// No connection could be made (refused, unreachable, TLS failed, connect timeout).
+    Connect,
+    /// The connection was made but no response head came within the first-byte timeout.
+    Timeout,
+    /// The upstream answered 429.
+    RateLimited,
+    /// The upstream answered 500, 502, 503, 504 or 529, or dropped the connection before a head.
+    ServerError,
+}
+
+impl RetryClass {
+    /// The class of an upstream status, if that status is worth another attempt.
+    pub fn of_status(status: u16) -> Option<Self> {
+        match status {
+            429 => Some(Self::RateLimited),
+            500 | 502 | 503 | 504 | 529 => Some(Self::ServerError),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Timeout => "timeout",
+            Self::RateLimited => "429",
+            Self::ServerError => "5xx",
+        }
+    }
 }
 
 /// What went wrong, closed list; each kind has one status and one name per error shape.
@@ -147,6 +181,10 @@ pub struct GatewayError {
     pub param: Option<String>,
     /// Headers that must survive into the answer (`allow` on 405).
     pub allow: Option<&'static str>,
+    /// Set on upstream failures another attempt could mend.
+    pub retry: Option<RetryClass>,
+    /// The underlying cause (a transport error, a typed timeout), for logs and `Error::source`.
+    pub source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl GatewayError {
@@ -156,17 +194,34 @@ impl GatewayError {
             message: message.into(),
             param: None,
             allow: None,
+            retry: None,
+            source: None,
+        }
+    }
+
+    /// A failure on the upstream side before its response head, with its cause.
+    pub fn upstream(
+        kind: ErrorKind,
+        retry: RetryClass,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            retry: Some(retry),
+            source: Some(Arc::new(source)),
+            ..Self::new(kind, message)
         }
     }
 
     /// A 400 naming the field and what it allows.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            kind: ErrorKind::InvalidRequest,
-            message: message.into(),
-            param: Some(param.into()),
-            allow: None,
-        }
+        Self::new(ErrorKind::InvalidRequest, message).with_param(param)
+    }
+
+    /// Marks the failure as one another attempt could mend.
+    pub fn retryable(mut self, class: RetryClass) -> Self {
+        self.retry = Some(class);
+        self
     }
 
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
@@ -176,10 +231,11 @@ impl GatewayError {
 
     pub fn method_not_allowed(allow: &'static str) -> Self {
         Self {
-            kind: ErrorKind::MethodNotAllowed,
-            message: format!("method not allowed on this path; allowed: {allow}"),
-            param: None,
             allow: Some(allow),
+            ..Self::new(
+                ErrorKind::MethodNotAllowed,
+                format!("method not allowed on this path; allowed: {allow}"),
+            )
         }
     }
 
@@ -264,4 +320,10 @@ impl fmt::Display for GatewayError {
     }
 }
 
-impl std::error::Error for GatewayError {}
+impl std::error::Error for GatewayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

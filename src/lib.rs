@@ -20,6 +20,7 @@
 //! built-in upstream; `json` keeps request bodies as raw values so unknown fields survive; `ir`
 //! is the canonical representation translation goes through; `sse` the event-stream codec.
 
+pub mod attempt;
 pub mod auth;
 pub mod body;
 pub mod config;
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod mock;
 pub mod passthrough;
 pub mod pipeline;
+pub mod plan;
 pub mod route;
 pub mod server;
 pub mod sse;

@@ -6,18 +6,20 @@ use crate::config::{Target, ThinkingStyle};
 use crate::json::{self, raw_literal, RawObject};
 use crate::validate::ChatChecked;
 
-/// The chat body to send upstream: the client's bytes when nothing needs editing.
+/// The chat body to send upstream: the client's bytes when nothing needs editing. `rename` is
+/// the model name to write when the target knows the model by another name.
 pub fn chat_body(
     original: &Bytes,
     mut obj: RawObject<'_>,
+    rename: Option<&str>,
     target: &Target,
     checked: &ChatChecked,
 ) -> Bytes {
-    if target.upstream_model.is_none() && checked.thinking.is_none() {
+    if rename.is_none() && checked.thinking.is_none() {
         return original.clone();
     }
-    if let Some(name) = &target.upstream_model {
-        obj.set("model", json::to_raw(name.as_str()));
+    if let Some(name) = rename {
+        obj.set("model", json::to_raw(name));
     }
     if let Some(on) = checked.thinking {
         write_thinking(&mut obj, target, on, checked.max_tokens);
@@ -93,11 +95,11 @@ fn write_thinking(obj: &mut RawObject<'_>, target: &Target, on: bool, max_tokens
 }
 
 /// A messages or responses body with only `model` renamed (or the client's bytes when it is not).
-pub fn rename_model(original: &Bytes, mut obj: RawObject<'_>, target: &Target) -> Bytes {
-    match &target.upstream_model {
+pub fn rename_model(original: &Bytes, mut obj: RawObject<'_>, rename: Option<&str>) -> Bytes {
+    match rename {
         None => original.clone(),
         Some(name) => {
-            obj.set("model", json::to_raw(name.as_str()));
+            obj.set("model", json::to_raw(name));
             Bytes::from(obj.to_vec())
         }
     }

@@ -2,23 +2,26 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use crate::attempt::{InFlight, Runtime, Selector};
 use crate::auth::{KeyStore, Principal};
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
-use crate::config::{Address, Config, Limits, Model, Protocol, UpstreamKind};
-use crate::error::{ErrorKind, ErrorShape, GatewayError};
+use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
+use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::json::RawObject;
 use crate::metrics::Metrics;
+use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, ModelTable, NamePattern};
+use crate::translate::{self, Translation};
 use crate::upstream::{self, UpstreamClient};
 use crate::video::VideoService;
-use crate::{mock, passthrough, translate, validate};
+use crate::{mock, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
@@ -28,6 +31,8 @@ pub struct Gateway {
     pub limits: Limits,
     pub metrics: Metrics,
     pub video: VideoService,
+    /// Targets' health, load and latency, and each model's retry budget.
+    pub runtime: Arc<Runtime>,
     ready: AtomicBool,
 }
 
@@ -40,6 +45,7 @@ impl Gateway {
             limits: config.limits,
             metrics: Metrics::default(),
             video: VideoService::new(config),
+            runtime: Arc::new(Runtime::new(config)),
             ready: AtomicBool::new(true),
         }
     }
@@ -50,11 +56,27 @@ impl Gateway {
     }
 }
 
-/// What one request touched, for the access log.
+/// What one request touched, for the access log and the `x-modelgate-*` headers.
 struct Ctx {
     request_id: HeaderValue,
     key: Option<Arc<Principal>>,
     model: Option<Arc<Model>>,
+    /// The upstream tried last.
+    upstream: Option<String>,
+    /// Requests sent upstream.
+    attempts: u32,
+    /// `upstream outcome time` per attempt, for the access log.
+    tries: String,
+}
+
+impl Ctx {
+    fn log_attempt(&mut self, upstream: &str, outcome: String, took: Duration) {
+        use std::fmt::Write;
+        if !self.tries.is_empty() {
+            self.tries.push_str(", ");
+        }
+        let _ = write!(self.tries, "{upstream} {outcome} {}ms", took.as_millis());
+    }
 }
 
 /// The endpoints, decided by address and path alone.
@@ -122,6 +144,10 @@ fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
 }
 
 static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+static X_MODELGATE_UPSTREAM: http::HeaderName =
+    http::HeaderName::from_static("x-modelgate-upstream");
+static X_MODELGATE_ATTEMPTS: http::HeaderName =
+    http::HeaderName::from_static("x-modelgate-attempts");
 
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
@@ -143,6 +169,9 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         request_id: request_id(req.headers()),
         key: None,
         model: None,
+        upstream: None,
+        attempts: 0,
+        tries: String::new(),
     };
     let ep = endpoint(address, &path);
     let shape = ep.map_or(address_shape(address), Endpoint::shape);
@@ -178,12 +207,21 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         status = status.as_u16(),
         key = ctx.key.as_ref().map(|k| k.name.as_str()),
         model = ctx.model.as_ref().map(|m| m.name.as_str()),
-        upstream = ctx.model.as_ref().map(|m| m.primary().upstream.name.as_str()),
+        upstream = ctx.upstream.as_deref(),
+        attempts = ctx.attempts,
+        tries = (!ctx.tries.is_empty()).then_some(ctx.tries.as_str()),
         head_us = started.elapsed().as_micros() as u64,
         "request"
     );
-    resp.headers_mut()
-        .insert(X_REQUEST_ID.clone(), ctx.request_id);
+    let headers = resp.headers_mut();
+    if let Some(up) = ctx.upstream.and_then(|u| HeaderValue::try_from(u).ok()) {
+        headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
+        headers.insert(
+            X_MODELGATE_ATTEMPTS.clone(),
+            HeaderValue::from(ctx.attempts),
+        );
+    }
+    headers.insert(X_REQUEST_ID.clone(), ctx.request_id);
     resp
 }
 
@@ -234,91 +272,267 @@ async fn llm(
     ctx.model = Some(model.clone());
     principal.check_model(&client_model)?;
     route::check_endpoint(&model, &client_model, protocol)?;
-    // The mock speaks every protocol, so it is always the fast path.
-    let target = model.primary();
-    let Some(upstream_protocol) = target
-        .protocol()
-        .filter(|_| !target.upstream.kind.is_video())
-    else {
+    if model.primary().upstream.kind.is_video() || model.primary().protocol().is_none() {
         return Err(GatewayError::invalid(
             "model",
             format!("the model {client_model:?} is a video model; use the video address"),
         ));
-    };
-    if upstream_protocol == protocol {
-        let (upstream_body, stream) = match protocol {
-            Protocol::Chat => {
-                let checked = validate::chat(&obj, &model, &client_model)?;
-                (
-                    passthrough::chat_body(&bytes, obj, target, &checked),
-                    checked.stream,
-                )
-            }
-            Protocol::Messages | Protocol::Responses => {
-                let stream = validate::passthrough(&obj, protocol)?;
-                (passthrough::rename_model(&bytes, obj, target), stream)
-            }
-        };
-        let resp = send(
-            gw,
-            &model,
-            protocol,
-            &parts.headers,
-            &ctx.request_id,
-            upstream_body,
-        )
-        .await?;
-        let guard = match (stream, protocol) {
-            (false, _) => StreamGuard::None,
-            (true, Protocol::Chat) => StreamGuard::Chat,
-            (true, Protocol::Messages) => StreamGuard::Messages,
-            (true, Protocol::Responses) => StreamGuard::Responses,
-        };
-        return Ok(wrap_response(resp, gw.limits, guard));
     }
-    if protocol == Protocol::Chat {
-        // Chat's own rules (ranges, thinking switches) hold whatever the upstream speaks.
-        validate::chat(&obj, &model, &client_model)?;
+    let mut plan = Plan::new(protocol, &bytes, obj, &model, &client_model)?;
+    let mut chain = vec![(model.clone(), client_model.clone())];
+    for name in &model.fallbacks {
+        match gw.models.resolve(name, address) {
+            Ok(f) if f.primary().protocol().is_some() && !f.primary().upstream.kind.is_video() => {
+                chain.push((f.clone(), name.clone()))
+            }
+            _ => {
+                tracing::warn!(model = %model.name, fallback = %name, "fallback not served on this address; skipped")
+            }
+        }
     }
-    drop(obj);
-    let (upstream_body, translation) =
-        translate::request(protocol, upstream_protocol, &bytes, target, &client_model)?;
-    let resp = send(
-        gw,
-        &model,
-        upstream_protocol,
-        &parts.headers,
-        &ctx.request_id,
-        upstream_body,
-    )
-    .await?;
-    translated_response(resp, gw.limits, &translation).await
+    let mut selector = Selector::new(chain);
+    attempts(gw, &mut plan, &mut selector, &parts.headers, ctx).await
 }
 
-/// Sends the request to the model's upstream; the answer's body is not read yet.
+/// An attempt that failed in a way another attempt could mend, kept to answer with if it is the last.
+enum Failed {
+    /// No usable head: connect error, timeout, a body that broke before its first byte.
+    Transport(GatewayError),
+    /// A retryable status (429, 5xx), answered as it is if no other attempt does better.
+    Status(Response<Body>, Box<Encoded>),
+}
+
+/// Tries the plan on targets until one answers before the first byte reaches the client
+/// (gateway.md §10): retryable failures go to the next target after a pause, within the
+/// model's attempts and retry budget; anything else is the answer.
+async fn attempts(
+    gw: &Gateway,
+    plan: &mut Plan<'_>,
+    selector: &mut Selector,
+    headers: &HeaderMap,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    let model = selector.model().clone();
+    let policy = model.retry;
+    gw.runtime.request_started(&model);
+    let mut last: Option<Failed> = None;
+    let mut refusal: Option<GatewayError> = None;
+    let mut smallest_retry_after: Option<Duration> = None;
+    while ctx.attempts < policy.attempts {
+        let Some(pick) = selector.next(&gw.runtime) else {
+            break;
+        };
+        let target = &pick.model.targets[pick.index];
+        let encoded = match plan.encode(target, &pick.name) {
+            Ok(e) => e,
+            Err(e) => {
+                // This target cannot express the request; another may. Nothing was sent.
+                tracing::debug!(request_id = ?ctx.request_id, upstream = %target.upstream.name, error = %e, "target skipped");
+                selector.exclude(&pick);
+                refusal.get_or_insert(e);
+                continue;
+            }
+        };
+        if ctx.attempts > 0 {
+            if !gw.runtime.take_retry(&model) {
+                tracing::warn!(request_id = ?ctx.request_id, model = %model.name, "retry budget spent; answering the last failure");
+                break;
+            }
+            let pause = selector.pause(&pick, ctx.attempts, &policy);
+            // The client leaving drops this future, and with it the pause and every later attempt.
+            tokio::time::sleep(pause).await;
+        }
+        ctx.attempts += 1;
+        ctx.upstream = Some(target.upstream.name.clone());
+        let started = tokio::time::Instant::now();
+        let inflight = gw.runtime.start(&pick.model, pick.index, pick.probe);
+        let result = send(gw, target, &encoded, headers, &ctx.request_id).await;
+        let elapsed = started.elapsed();
+        let failure = match result {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                match RetryClass::of_status(status) {
+                    Some(class) if policy_retries(&policy, class) => {
+                        let after = retry_after(resp.headers());
+                        ctx.log_attempt(&target.upstream.name, status.to_string(), elapsed);
+                        if gw.runtime.failure(&pick.model, pick.index) {
+                            tracing::warn!(upstream = %target.upstream.name, model = %pick.model.name, "target ejected");
+                        }
+                        if let Some(a) = after {
+                            selector.retry_after(&pick, a, &policy);
+                            if status == 429 {
+                                smallest_retry_after =
+                                    Some(smallest_retry_after.map_or(a, |s| s.min(a)));
+                            }
+                        }
+                        last = Some(Failed::Status(resp, Box::new(encoded)));
+                        continue;
+                    }
+                    _ => {
+                        let ok = resp.status().is_success();
+                        match first_frame(
+                            resp,
+                            gw.limits.first_byte_timeout.saturating_sub(elapsed),
+                        )
+                        .await
+                        {
+                            Ok(resp) => {
+                                gw.runtime
+                                    .success(&pick.model, pick.index, ok.then_some(elapsed));
+                                ctx.log_attempt(
+                                    &target.upstream.name,
+                                    status.to_string(),
+                                    started.elapsed(),
+                                );
+                                let resp = respond(resp, gw.limits, encoded.reply).await?;
+                                return Ok(with_guard(resp, inflight));
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                }
+            }
+            Err(e) => e,
+        };
+        ctx.log_attempt(
+            &target.upstream.name,
+            failure.retry.map_or("error", RetryClass::name).to_owned(),
+            elapsed,
+        );
+        if failure.retry.is_some() && gw.runtime.failure(&pick.model, pick.index) {
+            tracing::warn!(upstream = %target.upstream.name, model = %pick.model.name, "target ejected");
+        }
+        let retryable = failure
+            .retry
+            .is_some_and(|class| policy_retries(&policy, class));
+        last = Some(Failed::Transport(failure));
+        if !retryable {
+            break;
+        }
+    }
+    match last {
+        Some(Failed::Transport(e)) => Err(e),
+        Some(Failed::Status(resp, encoded)) => {
+            let mut resp = respond(resp, gw.limits, encoded.reply).await?;
+            if let Some(after) = smallest_retry_after {
+                let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            Ok(resp)
+        }
+        None => Err(refusal.unwrap_or_else(|| {
+            GatewayError::new(
+                ErrorKind::UpstreamUnreachable,
+                format!("no target of the model {:?} could be tried", model.name),
+            )
+        })),
+    }
+}
+
+/// True when `policy.on` lists this kind of failure.
+fn policy_retries(policy: &RetryPolicy, class: RetryClass) -> bool {
+    match class {
+        RetryClass::Connect => policy.on.connect,
+        RetryClass::Timeout => policy.on.timeout,
+        RetryClass::RateLimited => policy.on.rate_limited,
+        RetryClass::ServerError => policy.on.server_error,
+    }
+}
+
+/// An upstream's `retry-after`, in seconds (the HTTP-date form is rare from APIs and ignored).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let secs: f64 = v.parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
+}
+
+/// Waits for a successful reply's first body frame, so a reply that breaks before its first
+/// byte is still a failure another target can mend; the frame is put back in front.
+async fn first_frame(
+    resp: Response<Body>,
+    within: Duration,
+) -> Result<Response<Body>, GatewayError> {
+    if !resp.status().is_success() {
+        return Ok(resp);
+    }
+    let (parts, mut body) = resp.into_parts();
+    let first = match tokio::time::timeout(within, body.frame()).await {
+        Ok(Some(Ok(frame))) => Some(frame),
+        Ok(None) => None,
+        Ok(Some(Err(e))) => {
+            return Err(GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                format!("the upstream reply broke before its first byte: {e}"),
+            )
+            .retryable(RetryClass::ServerError))
+        }
+        Err(_) => {
+            return Err(GatewayError::upstream(
+                ErrorKind::UpstreamTimeout,
+                RetryClass::Timeout,
+                "the upstream sent a head but no body within the first-byte timeout",
+                crate::upstream::FirstByteTimeout(within),
+            ))
+        }
+    };
+    let body = match first {
+        Some(frame) => BodyExt::boxed(body::Prepend::new(frame, body)),
+        None => body,
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Keeps the target counted in flight until the response body is done with.
+fn with_guard(resp: Response<Body>, guard: InFlight) -> Response<Body> {
+    resp.map(|b| BodyExt::boxed(body::Guarded::new(b, guard)))
+}
+
+/// The answer in the client's protocol.
+async fn respond(
+    resp: Response<Body>,
+    limits: Limits,
+    reply: Reply,
+) -> Result<Response<Body>, GatewayError> {
+    match reply {
+        Reply::Passthrough(guard) => Ok(wrap_response(resp, limits, guard)),
+        Reply::Translated(t) => translated_response(resp, limits, &t).await,
+    }
+}
+
+/// Sends an encoded request to its target; the answer's body is not read yet.
 async fn send(
     gw: &Gateway,
-    model: &Model,
-    protocol: Protocol,
+    target: &Target,
+    encoded: &Encoded,
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
-    body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
-    let upstream = &model.primary().upstream;
+    let upstream = &target.upstream;
     if upstream.kind == UpstreamKind::Mock {
-        return Ok(mock::handle(protocol, &body, std::time::Duration::ZERO));
+        return Ok(mock::handle(
+            encoded.protocol,
+            &encoded.body,
+            Duration::ZERO,
+        ));
     }
-    let uri = upstream.uri_for(protocol).cloned().ok_or_else(|| {
+    let uri = upstream.uri_for(encoded.protocol).cloned().ok_or_else(|| {
         GatewayError::new(
             ErrorKind::Internal,
             format!(
                 "upstream {:?} has no URL for {}",
                 upstream.name,
-                protocol.name()
+                encoded.protocol.name()
             ),
         )
     })?;
-    let req = upstream::build_request(upstream, uri, client_headers, request_id, body)?;
+    let req = upstream::build_request(
+        upstream,
+        uri,
+        client_headers,
+        request_id,
+        encoded.body.clone(),
+    )?;
     let result = gw.client.send(upstream, req).await;
     gw.metrics.upstream_call(result.is_err());
     let resp = result?;
@@ -354,7 +568,7 @@ fn wrap_response(resp: Response<Body>, limits: Limits, guard: StreamGuard) -> Re
 async fn translated_response(
     resp: Response<Body>,
     limits: Limits,
-    t: &translate::Translation,
+    t: &Translation,
 ) -> Result<Response<Body>, GatewayError> {
     let (parts, inner) = resp.into_parts();
     let mut headers = upstream::response_headers(&parts.headers);

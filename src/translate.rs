@@ -76,7 +76,7 @@ impl Capabilities {
             return Err(GatewayError::invalid(
                 field,
                 format!(
-                    "`{field}` cannot be served by this model's upstream ({}): it has no stop sequences",
+                    "`{field}` cannot be served by this model's upstream ({}): the Responses API has no stop sequences",
                     upstream.name()
                 ),
             ));

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::{Limits, Upstream, UpstreamKind};
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, RetryClass};
 
 /// The pooled client every upstream call goes through.
 #[derive(Clone)]
@@ -64,20 +64,42 @@ impl UpstreamClient {
         let fut = self.client.request(req);
         match tokio::time::timeout(self.first_byte_timeout, fut).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(upstream, &e)),
-            Err(_) => Err(GatewayError::new(
+            Ok(Err(e)) => Err(classify(upstream, e)),
+            Err(_) => Err(GatewayError::upstream(
                 ErrorKind::UpstreamTimeout,
+                RetryClass::Timeout,
                 format!(
                     "upstream {:?} did not answer within {} ms",
                     upstream.name,
                     self.first_byte_timeout.as_millis()
                 ),
+                FirstByteTimeout(self.first_byte_timeout),
             )),
         }
     }
 }
 
-fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> GatewayError {
+/// No response head came within `[limits] first_byte_timeout_ms`.
+#[derive(Debug, thiserror::Error)]
+#[error("no response head within {} ms", .0.as_millis())]
+pub struct FirstByteTimeout(pub Duration);
+
+/// True when a cause in `e`'s chain is an I/O timeout (the connector's connect timeout).
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> GatewayError {
     use std::error::Error as _;
     let mut cause = String::new();
     let mut source = e.source();
@@ -86,23 +108,27 @@ fn classify(upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> Gatew
         source = s.source();
     }
     if e.is_connect() {
-        let timed_out = cause.contains("timed out") || cause.contains("timeout");
-        let kind = if timed_out {
-            ErrorKind::UpstreamTimeout
+        let (kind, class) = if timed_out(&e) {
+            (ErrorKind::UpstreamTimeout, RetryClass::Connect)
         } else {
-            ErrorKind::UpstreamUnreachable
+            (ErrorKind::UpstreamUnreachable, RetryClass::Connect)
         };
-        GatewayError::new(
+        GatewayError::upstream(
             kind,
+            class,
             format!("cannot connect to upstream {:?}: {cause}", upstream.name),
+            e,
         )
     } else {
-        GatewayError::new(
+        // The request may have reached the upstream, but no answer came back: like a 502.
+        GatewayError::upstream(
             ErrorKind::UpstreamUnreachable,
+            RetryClass::ServerError,
             format!(
                 "upstream {:?} failed before answering: {cause}",
                 upstream.name
             ),
+            e,
         )
     }
 }

@@ -152,7 +152,7 @@ impl VideoService {
                 // The pipeline renders plain errors; this one must keep the upstream's retry-after.
                 tracing::info!(request_id = ?request_id, error = %error, "video upstream rate limited");
                 let mut resp = error.into_response(ErrorShape::Video);
-                resp.headers_mut().insert(header::RETRY_AFTER, after);
+                resp.headers_mut().insert(header::RETRY_AFTER, *after);
                 Ok(resp)
             }
         }

@@ -147,6 +147,8 @@ upstream = "fx-upstream"
 upstream_model = "upstream-model"
 vision = true
 default_max_tokens = 1024
+# One attempt: the error cases check what one upstream failure becomes, not the retries.
+retry = {{ attempts = 1 }}
 {thinking}
 "#,
             upstream.name()

@@ -276,3 +276,176 @@ fn syntax_errors_are_reported() {
     has(&errors("[listen\nbase="), "syntax:");
     has(&errors(""), "listen: missing");
 }
+
+const TWO_UPSTREAMS: &str = r#"
+[listen]
+base = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "a"
+kind = "chat"
+base_url = "http://127.0.0.1:1/v1"
+
+[[upstreams]]
+name = "b"
+kind = "messages"
+base_url = "http://127.0.0.1:2/v1"
+"#;
+
+#[test]
+fn targets_strategy_retry_and_health_with_model_overrides() {
+    let c = parse(&format!(
+        r#"{TWO_UPSTREAMS}
+[retry]
+attempts = 4
+on = ["connect", "5xx"]
+backoff_ms = 50
+
+[health]
+eject_after = 3
+
+[[models]]
+name = "m"
+strategy = "latency"
+thinking = "chat_template_kwargs"
+targets = [
+  {{ upstream = "a", upstream_model = "a-1", weight = 3 }},
+  {{ upstream = "b", thinking = "anthropic", default_max_tokens = 2000 }},
+]
+fallbacks = ["f"]
+retry = {{ attempts = 2 }}
+health = {{ eject_ms = 500 }}
+
+[[models]]
+name = "f"
+upstream = "b"
+"#
+    ))
+    .unwrap();
+    let m = &c.models[0];
+    assert_eq!(m.strategy, Strategy::Latency);
+    assert_eq!(m.targets.len(), 2);
+    assert_eq!(
+        (m.targets[0].upstream.name.as_str(), m.targets[0].weight),
+        ("a", 3)
+    );
+    assert_eq!(m.targets[0].upstream_model.as_deref(), Some("a-1"));
+    assert_eq!(m.targets[0].thinking, ThinkingStyle::ChatTemplateKwargs);
+    assert_eq!(m.targets[1].thinking, ThinkingStyle::Anthropic);
+    assert_eq!(m.targets[1].default_max_tokens, Some(2000));
+    assert_eq!(m.fallbacks, ["f"]);
+    // The model's own keys win; the rest come from [retry] and [health], then the defaults.
+    assert_eq!(m.retry.attempts, 2);
+    assert_eq!(m.retry.backoff, Duration::from_millis(50));
+    assert!(m.retry.on.connect && m.retry.on.server_error);
+    assert!(!m.retry.on.rate_limited && !m.retry.on.timeout);
+    assert_eq!(m.retry.budget_percent, 20);
+    assert_eq!(m.health.eject_after, 3);
+    assert_eq!(m.health.eject, Duration::from_millis(500));
+    let f = &c.models[1];
+    assert_eq!((f.retry.attempts, f.health.eject_after), (4, 3));
+    assert_eq!(f.health.eject, Duration::from_millis(10_000));
+    let table = c.routing_table();
+    assert!(
+        table.contains("a-1") && table.contains("latency"),
+        "{table}"
+    );
+    assert!(table.contains("fallbacks m: f"), "{table}");
+}
+
+#[test]
+fn target_errors_name_their_key_path() {
+    let errs = errors(&format!(
+        r#"{TWO_UPSTREAMS}
+[retry]
+attempts = 0
+on = ["connect", "4xx"]
+budget_percent = 101
+
+[[models]]
+name = "both"
+upstream = "a"
+targets = [{{ upstream = "b" }}]
+
+[[models]]
+name = "neither"
+
+[[models]]
+name = "bad"
+strategy = "fastest"
+targets = [{{ upstream = "nope" }}, {{ upstream = "a", weight = 0, thinking = "loud" }}]
+fallbacks = ["bad", "ghost"]
+"#
+    ));
+    has(&errs, "retry.attempts: must be between 1 and 10");
+    has(&errs, "retry.on[1]: unknown value \"4xx\"");
+    has(&errs, "retry.budget_percent: must be between 0 and 100");
+    has(&errs, "models[0]: give either `upstream`");
+    has(&errs, "models[1].upstream: missing");
+    has(&errs, "models[2].strategy: unknown strategy \"fastest\"");
+    has(
+        &errs,
+        "models[2].targets[0].upstream: no upstream named \"nope\"",
+    );
+    has(&errs, "models[2].targets[1].weight: must be at least 1");
+    has(
+        &errs,
+        "models[2].targets[1].thinking: unknown value \"loud\"",
+    );
+    has(
+        &errs,
+        "models[2].fallbacks[0]: a model cannot fall back to itself",
+    );
+    has(
+        &errs,
+        "models[2].fallbacks[1]: no LLM model named \"ghost\"",
+    );
+}
+
+#[test]
+fn a_mock_upstream_speaks_the_protocol_it_is_given() {
+    let c = parse(
+        r#"
+[listen]
+base = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "mock"
+kind = "mock"
+
+[[upstreams]]
+name = "mock-anthropic"
+kind = "mock"
+protocol = "messages"
+
+[[models]]
+name = "m"
+upstream = "mock-anthropic"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.upstreams[0].protocol(), Some(Protocol::Chat));
+    assert_eq!(c.upstreams[1].protocol(), Some(Protocol::Messages));
+    let errs = errors(
+        r#"
+[listen]
+base = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "mock"
+kind = "mock"
+protocol = "grpc"
+
+[[upstreams]]
+name = "a"
+kind = "chat"
+base_url = "http://127.0.0.1:1/v1"
+protocol = "chat"
+"#,
+    );
+    has(&errs, "upstreams[0].protocol: unknown protocol \"grpc\"");
+    has(
+        &errs,
+        "upstreams[1].protocol: only a mock upstream takes `protocol`",
+    );
+}

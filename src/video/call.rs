@@ -17,7 +17,8 @@ pub const JSON_LIMIT: usize = 4 << 20;
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub error: GatewayError,
-    pub retry_after: Option<HeaderValue>,
+    /// Boxed: a rare field, and the error type is returned by value on every video call.
+    pub retry_after: Option<Box<HeaderValue>>,
 }
 
 impl From<GatewayError> for Failure {
@@ -93,7 +94,7 @@ pub fn upstream_error(
                 detail(body)
             ),
         ),
-        retry_after: headers.get(header::RETRY_AFTER).cloned(),
+        retry_after: headers.get(header::RETRY_AFTER).cloned().map(Box::new),
     }
 }
 

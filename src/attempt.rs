@@ -1,0 +1,446 @@
+//! Which target serves each attempt of a request: strategies, passive health, the retry budget and the pause between attempts.
+//!
+//! Config is data; what this module keeps per target (requests in flight, time-to-first-byte
+//! EWMA, consecutive failures, ejections) and per model (the retry budget's window) lives in a
+//! [`Runtime`] indexed like the config's models, so choosing a target never takes a lock held
+//! across an await.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{Config, HealthPolicy, Model, RetryPolicy, Strategy};
+
+/// The retry budget's window (gateway.md §10).
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+/// Retries always allowed per window, whatever the percentage: a quiet model can still retry.
+const BUDGET_FLOOR: u64 = 10;
+/// Weight of a new time-to-first-byte sample in the latency strategy's average.
+const EWMA_ALPHA: f64 = 0.3;
+
+/// Per-target and per-model state for one loaded config.
+#[derive(Debug)]
+pub struct Runtime {
+    models: Vec<ModelRuntime>,
+}
+
+#[derive(Debug)]
+struct ModelRuntime {
+    targets: Vec<TargetRuntime>,
+    budget: Mutex<BudgetWindow>,
+}
+
+#[derive(Debug, Default)]
+struct TargetRuntime {
+    inflight: AtomicUsize,
+    /// Microseconds; 0 until the first sample, which makes an unmeasured target the first tried.
+    ttfb_ewma_us: AtomicU64,
+    health: Mutex<Health>,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    consecutive_failures: u32,
+    /// Ejections since the target was last healthy; each doubles the next one's length.
+    ejections: u32,
+    ejected_at: Option<Instant>,
+    ejected_until: Option<Instant>,
+    /// A probe is on its way to a target whose ejection ran out; others wait for its result.
+    probing: bool,
+}
+
+impl Runtime {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            models: config
+                .models
+                .iter()
+                .map(|m| ModelRuntime {
+                    targets: m.targets.iter().map(|_| TargetRuntime::default()).collect(),
+                    budget: Mutex::new(BudgetWindow::default()),
+                })
+                .collect(),
+        }
+    }
+
+    fn target(&self, model: &Model, index: usize) -> Option<&TargetRuntime> {
+        self.models.get(model.index)?.targets.get(index)
+    }
+
+    /// Counts a new request against `model`'s retry budget.
+    pub fn request_started(&self, model: &Model) {
+        if let Some(m) = self.models.get(model.index) {
+            lock(&m.budget).add(Instant::now(), 1, 0);
+        }
+    }
+
+    /// Takes one retry from `model`'s budget; false when the budget is spent.
+    pub fn take_retry(&self, model: &Model) -> bool {
+        let Some(m) = self.models.get(model.index) else {
+            return true;
+        };
+        let mut w = lock(&m.budget);
+        let now = Instant::now();
+        let (requests, retries) = w.totals(now);
+        let allowed = (requests * u64::from(model.retry.budget_percent) / 100).max(BUDGET_FLOOR);
+        if retries >= allowed {
+            return false;
+        }
+        w.add(now, 0, 1);
+        true
+    }
+
+    /// Marks an attempt on a target as started; the guard counts it in flight until dropped
+    /// (for a stream, with the response body) and clears a probe that never reported.
+    pub fn start(self: &Arc<Self>, model: &Arc<Model>, index: usize, probe: bool) -> InFlight {
+        if let Some(t) = self.target(model, index) {
+            t.inflight.fetch_add(1, Ordering::Relaxed);
+        }
+        InFlight {
+            runtime: self.clone(),
+            model: model.clone(),
+            index,
+            probe,
+        }
+    }
+
+    /// The target answered (any status that is not a retryable failure): healthy again.
+    pub fn success(&self, model: &Model, index: usize, ttfb: Option<Duration>) {
+        let Some(t) = self.target(model, index) else {
+            return;
+        };
+        if let Some(ttfb) = ttfb {
+            let sample = ttfb.as_micros().min(u128::from(u64::MAX / 2)) as f64;
+            let old = t.ttfb_ewma_us.load(Ordering::Relaxed);
+            let new = if old == 0 {
+                sample
+            } else {
+                EWMA_ALPHA * sample + (1.0 - EWMA_ALPHA) * old as f64
+            };
+            // A lost update between racing requests only drops one sample of an average.
+            t.ttfb_ewma_us.store((new as u64).max(1), Ordering::Relaxed);
+        }
+        let mut h = lock(&t.health);
+        *h = Health::default();
+    }
+
+    /// A retryable failure; ejects the target after `eject_after` of them in a row, and at
+    /// once when a probe fails. Returns true when this failure ejected it.
+    pub fn failure(&self, model: &Model, index: usize) -> bool {
+        let Some(t) = self.target(model, index) else {
+            return false;
+        };
+        let policy = model.health;
+        let mut h = lock(&t.health);
+        let probe_failed = std::mem::take(&mut h.probing);
+        h.consecutive_failures += 1;
+        if policy.eject_after == 0 || (!probe_failed && h.consecutive_failures < policy.eject_after)
+        {
+            return false;
+        }
+        h.consecutive_failures = 0;
+        h.ejections += 1;
+        let now = Instant::now();
+        h.ejected_at = Some(now);
+        h.ejected_until = Some(now + ejection_length(policy, h.ejections));
+        true
+    }
+}
+
+/// `eject_ms`, doubled for each ejection after the first, capped.
+fn ejection_length(policy: HealthPolicy, ejections: u32) -> Duration {
+    let factor = 1u32 << ejections.saturating_sub(1).min(16);
+    policy
+        .eject
+        .saturating_mul(factor)
+        .min(HealthPolicy::MAX_EJECTION)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The state under these locks stays valid whatever a panicking holder did.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// An attempt in flight on one target.
+#[derive(Debug)]
+pub struct InFlight {
+    runtime: Arc<Runtime>,
+    model: Arc<Model>,
+    index: usize,
+    probe: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(t) = self.runtime.target(&self.model, self.index) {
+            t.inflight.fetch_sub(1, Ordering::Relaxed);
+            if self.probe {
+                // A probe whose client left before any result must not block the target forever.
+                lock(&t.health).probing = false;
+            }
+        }
+    }
+}
+
+/// Requests and retries per second over the last ten seconds.
+#[derive(Debug, Default)]
+struct BudgetWindow {
+    /// `(second, requests, retries)`, one slot per second of the window.
+    slots: [(u64, u64, u64); 10],
+    epoch: Option<Instant>,
+}
+
+impl BudgetWindow {
+    fn second(&mut self, now: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        now.saturating_duration_since(epoch).as_secs()
+    }
+
+    fn add(&mut self, now: Instant, requests: u64, retries: u64) {
+        let sec = self.second(now);
+        let slot = &mut self.slots[(sec % 10) as usize];
+        if slot.0 != sec {
+            *slot = (sec, 0, 0);
+        }
+        slot.1 += requests;
+        slot.2 += retries;
+    }
+
+    fn totals(&mut self, now: Instant) -> (u64, u64) {
+        let sec = self.second(now);
+        let window = BUDGET_WINDOW.as_secs();
+        self.slots
+            .iter()
+            .filter(|(s, _, _)| *s + window > sec && *s <= sec)
+            .fold((0, 0), |(q, r), (_, sq, sr)| (q + sq, r + sr))
+    }
+}
+
+/// One try: which model's which target, and whether it is a health probe.
+#[derive(Debug, Clone)]
+pub struct Pick {
+    pub model: Arc<Model>,
+    /// The name the model was asked for: the client's, or the fallback's as configured.
+    pub name: String,
+    pub index: usize,
+    pub probe: bool,
+}
+
+/// The order of attempts for one request: the model's targets, each once, by its strategy;
+/// then each fallback's; then the last model's targets again while attempts remain.
+#[derive(Debug)]
+pub struct Selector {
+    chain: Vec<(Arc<Model>, String)>,
+    /// Position in `chain` of the model being tried.
+    pos: usize,
+    /// Per model of the chain, per target: tried in this round.
+    tried: Vec<Vec<bool>>,
+    /// Per model of the chain, per target: not to be tried again for this request (its
+    /// retry-after is too long, or it cannot express the request).
+    excluded: Vec<Vec<bool>>,
+    /// Per model of the chain, per target: an honoured retry-after runs until then.
+    not_before: Vec<Vec<Option<Instant>>>,
+}
+
+impl Selector {
+    /// `chain` is the requested model followed by its resolved fallbacks, each with the name
+    /// it was asked by.
+    pub fn new(chain: Vec<(Arc<Model>, String)>) -> Self {
+        let shape = |v| {
+            chain
+                .iter()
+                .map(|(m, _)| vec![v; m.targets.len()])
+                .collect()
+        };
+        Self {
+            tried: shape(false),
+            excluded: shape(false),
+            not_before: chain
+                .iter()
+                .map(|(m, _)| vec![None; m.targets.len()])
+                .collect(),
+            chain,
+            pos: 0,
+        }
+    }
+
+    /// The requested model (first of the chain).
+    pub fn model(&self) -> &Arc<Model> {
+        &self.chain[0].0
+    }
+
+    /// The next target to try, or `None` when every target is excluded.
+    pub fn next(&mut self, rt: &Runtime) -> Option<Pick> {
+        loop {
+            let (m, name) = self.chain.get(self.pos)?.clone();
+            let p = self.pos;
+            let open: Vec<usize> = (0..m.targets.len())
+                .filter(|&i| !self.tried[p][i] && !self.excluded[p][i])
+                .collect();
+            if !open.is_empty() {
+                let (index, probe) = choose(rt, &m, &open);
+                self.tried[p][index] = true;
+                return Some(Pick {
+                    model: m,
+                    name,
+                    index,
+                    probe,
+                });
+            }
+            if self.pos + 1 < self.chain.len() {
+                self.pos += 1;
+                continue;
+            }
+            // The last model: another round over its targets, if any may still be tried.
+            if self.excluded[p].iter().all(|e| *e) {
+                return None;
+            }
+            self.tried[p].iter_mut().for_each(|t| *t = false);
+        }
+    }
+
+    /// Keeps `pick`'s target out of the rest of this request.
+    pub fn exclude(&mut self, pick: &Pick) {
+        if let Some(p) = self.position(pick) {
+            self.excluded[p][pick.index] = true;
+        }
+    }
+
+    /// Remembers an upstream's retry-after for `pick`'s target: honoured when it fits
+    /// `retry_after_max`, else the target is left for the rest of the request.
+    pub fn retry_after(&mut self, pick: &Pick, after: Duration, policy: &RetryPolicy) {
+        if after > policy.retry_after_max {
+            self.exclude(pick);
+        } else if let Some(p) = self.position(pick) {
+            self.not_before[p][pick.index] = Some(Instant::now() + after);
+        }
+    }
+
+    /// How long to wait before `pick`, the `retry`-th retry: full-jitter exponential backoff,
+    /// or the target's own retry-after when that is longer.
+    pub fn pause(&self, pick: &Pick, retry: u32, policy: &RetryPolicy) -> Duration {
+        let exp = retry.saturating_sub(1).min(20);
+        let cap = policy
+            .backoff
+            .saturating_mul(1u32 << exp)
+            .min(policy.max_backoff);
+        let jitter = cap.mul_f64(fastrand::f64());
+        let until = self
+            .position(pick)
+            .and_then(|p| self.not_before[p][pick.index])
+            .map(|t| t.saturating_duration_since(Instant::now()))
+            .unwrap_or_default();
+        jitter.max(until)
+    }
+
+    fn position(&self, pick: &Pick) -> Option<usize> {
+        self.chain
+            .iter()
+            .position(|(m, _)| Arc::ptr_eq(m, &pick.model))
+    }
+}
+
+/// Chooses among `open` (untried, not excluded) targets of `m`: the healthy ones by strategy;
+/// if every one is ejected, the least recently ejected. Returns the index and whether the pick
+/// is a probe of a target whose ejection ran out.
+fn choose(rt: &Runtime, m: &Model, open: &[usize]) -> (usize, bool) {
+    let now = Instant::now();
+    let mut healthy = Vec::with_capacity(open.len());
+    let mut probe = None;
+    let mut oldest: Option<(Instant, usize)> = None;
+    for &i in open {
+        let Some(t) = rt.target(m, i) else {
+            healthy.push(i);
+            continue;
+        };
+        let h = lock(&t.health);
+        match h.ejected_until {
+            None => healthy.push(i),
+            Some(until) if until <= now && !h.probing => {
+                probe.get_or_insert(i);
+            }
+            Some(_) => {
+                let at = h.ejected_at.unwrap_or(now);
+                if oldest.map_or(true, |(t, _)| at < t) {
+                    oldest = Some((at, i));
+                }
+            }
+        }
+    }
+    // A target back from ejection gets its one probe before the strategy spreads load again.
+    if let Some(i) = probe {
+        if let Some(t) = rt.target(m, i) {
+            lock(&t.health).probing = true;
+        }
+        return (i, true);
+    }
+    if healthy.is_empty() {
+        return (oldest.map_or(open[0], |(_, i)| i), false);
+    }
+    (by_strategy(rt, m, &healthy), false)
+}
+
+fn by_strategy(rt: &Runtime, m: &Model, candidates: &[usize]) -> usize {
+    if let [only] = candidates {
+        return *only;
+    }
+    match m.strategy {
+        Strategy::Weighted => {
+            let total: u64 = candidates
+                .iter()
+                .map(|&i| u64::from(m.targets[i].weight))
+                .sum();
+            let mut roll = fastrand::u64(0..total.max(1));
+            for &i in candidates {
+                let w = u64::from(m.targets[i].weight);
+                if roll < w {
+                    return i;
+                }
+                roll -= w;
+            }
+            candidates[candidates.len() - 1]
+        }
+        Strategy::LeastInflight => {
+            // Read once: the counters move under other requests while this one chooses.
+            let loads: Vec<(usize, usize)> = candidates
+                .iter()
+                .map(|&i| {
+                    let load = rt
+                        .target(m, i)
+                        .map_or(0, |t| t.inflight.load(Ordering::Relaxed));
+                    (i, load)
+                })
+                .collect();
+            let least = loads.iter().map(|(_, l)| *l).min().unwrap_or(0);
+            let ties: Vec<usize> = loads
+                .iter()
+                .filter(|(_, l)| *l == least)
+                .map(|(i, _)| *i)
+                .collect();
+            ties.get(fastrand::usize(0..ties.len().max(1)))
+                .copied()
+                .unwrap_or(candidates[0])
+        }
+        Strategy::Latency => {
+            let a = candidates[fastrand::usize(0..candidates.len())];
+            let mut b = candidates[fastrand::usize(0..candidates.len() - 1)];
+            if b == a {
+                b = candidates[candidates.len() - 1];
+            }
+            let ewma = |i: usize| {
+                rt.target(m, i)
+                    .map_or(0, |t| t.ttfb_ewma_us.load(Ordering::Relaxed))
+            };
+            if ewma(b) < ewma(a) {
+                b
+            } else {
+                a
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! A request read once: validated for the client's protocol, then encoded for each target it is tried on (a targeted edit for the same protocol, the IR for another).
+
+use bytes::Bytes;
+
+use crate::body::StreamGuard;
+use crate::config::{Model, Protocol, Target};
+use crate::error::{ErrorKind, GatewayError};
+use crate::json::RawObject;
+use crate::passthrough;
+use crate::translate::{Decoded, Translation};
+use crate::validate::{self, ChatChecked};
+
+/// The client's request, checked, ready to be written for any target.
+pub struct Plan<'b> {
+    pub client: Protocol,
+    pub client_model: &'b str,
+    pub stream: bool,
+    bytes: &'b Bytes,
+    obj: RawObject<'b>,
+    /// Chat's own rules hold whatever the upstream speaks; their result drives the edits.
+    chat: Option<ChatChecked>,
+    /// The IR, made the first time a target of another protocol is tried.
+    decoded: Option<Result<Decoded, GatewayError>>,
+}
+
+/// How the reply to an encoded request comes back to the client.
+pub enum Reply {
+    /// Same protocol: bytes forwarded, a stream guarded so a break still ends it properly.
+    Passthrough(StreamGuard),
+    /// Another protocol: translated back, JSON at once or a stream frame by frame.
+    Translated(Box<Translation>),
+}
+
+/// A request written for one target.
+pub struct Encoded {
+    pub protocol: Protocol,
+    pub body: Bytes,
+    pub reply: Reply,
+}
+
+impl<'b> Plan<'b> {
+    /// Validates the request against the rules of its own protocol and the requested model.
+    pub fn new(
+        client: Protocol,
+        bytes: &'b Bytes,
+        obj: RawObject<'b>,
+        model: &Model,
+        client_model: &'b str,
+    ) -> Result<Self, GatewayError> {
+        let (stream, chat) = match client {
+            Protocol::Chat => {
+                let checked = validate::chat(&obj, model, client_model)?;
+                (checked.stream, Some(checked))
+            }
+            Protocol::Messages | Protocol::Responses => {
+                (validate::passthrough(&obj, client)?, None)
+            }
+        };
+        Ok(Self {
+            client,
+            client_model,
+            stream,
+            bytes,
+            obj,
+            chat,
+            decoded: None,
+        })
+    }
+
+    /// The request as `target` takes it. `model_name` is the name the target's model entry
+    /// was asked for (the client's, or a fallback's); the target's `upstream_model` renames it.
+    /// A refusal here is about this target only: another may still express the request.
+    pub fn encode(&mut self, target: &Target, model_name: &str) -> Result<Encoded, GatewayError> {
+        let protocol = target.protocol().ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                format!("upstream {:?} speaks no LLM protocol", target.upstream.name),
+            )
+        })?;
+        let name = target.model_name(model_name);
+        if protocol == self.client {
+            let rename = (name != self.client_model).then_some(name);
+            let body = match (&self.chat, self.client) {
+                (Some(checked), Protocol::Chat) => {
+                    passthrough::chat_body(self.bytes, self.obj.clone(), rename, target, checked)
+                }
+                _ => passthrough::rename_model(self.bytes, self.obj.clone(), rename),
+            };
+            let guard = match (self.stream, protocol) {
+                (false, _) => StreamGuard::None,
+                (true, Protocol::Chat) => StreamGuard::Chat,
+                (true, Protocol::Messages) => StreamGuard::Messages,
+                (true, Protocol::Responses) => StreamGuard::Responses,
+            };
+            return Ok(Encoded {
+                protocol,
+                body,
+                reply: Reply::Passthrough(guard),
+            });
+        }
+        let (client, bytes, client_model) = (self.client, self.bytes, self.client_model);
+        let decoded = self
+            .decoded
+            .get_or_insert_with(|| Decoded::new(client, bytes, client_model))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let (body, translation) = decoded.encode(protocol, target, name)?;
+        Ok(Encoded {
+            protocol,
+            body,
+            reply: Reply::Translated(Box::new(translation)),
+        })
+    }
+}
