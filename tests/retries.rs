@@ -435,6 +435,11 @@ upstream = "a"
     assert_eq!(upstream_of(&headers), "b");
     assert_eq!(attempts(&headers), 2);
     assert_eq!(a.seen().len(), 1);
+    assert_eq!(
+        b.last().json()["model"],
+        "n",
+        "a fallback is asked for by its own name"
+    );
     // At most a backoff (100 ms), not the hour and not retry_after_max_ms.
     assert!(
         started.elapsed() < Duration::from_secs(1),
@@ -746,6 +751,42 @@ targets = [{ upstream = "a" }, { upstream = "b" }]
     drop(body);
 }
 
+#[tokio::test(start_paused = true)]
+async fn latency_strategy_prefers_the_faster_target() {
+    // The slow target's head comes 300 ms late (virtual time: the clock only jumps).
+    let slow = FakeUpstream::start(|_| {
+        Reply::After(
+            Duration::from_millis(300),
+            Box::new(Reply::json(200, chat_ok("slow"))),
+        )
+    })
+    .await;
+    let fast = FakeUpstream::start(ok("fast")).await;
+    let gw = TestGateway::start(&gateway_config(
+        &[("slow", "chat", &slow.url()), ("fast", "chat", &fast.url())],
+        r#"
+[[models]]
+name = "m"
+strategy = "latency"
+targets = [{ upstream = "slow" }, { upstream = "fast" }]
+"#,
+    ))
+    .await;
+    let mut order = Vec::new();
+    for _ in 0..20 {
+        let (status, headers, _) = post_json(&gw.base(CHAT), chat_body("m")).await;
+        assert_eq!(status, 200);
+        order.push(upstream_of(&headers));
+    }
+    // With two targets both choices are always compared: once each has a time to first byte,
+    // every pick is the faster one. A couple of early picks may go to measure the slow one.
+    assert!(
+        order[10..].iter().all(|u| u == "fast"),
+        "picks after warm-up: {order:?}"
+    );
+    assert!(slow.seen().len() <= 2, "picks: {order:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Passive health
 // ---------------------------------------------------------------------------------------------
@@ -877,6 +918,75 @@ health = { eject_after = 2, eject_ms = 60000 }
     }
     // Expected 19.8 of 20 at 99:1; fewer than 15 has p < 1e-20.
     assert!(to_a >= 15, "only {to_a} of 20 went to the recovered target");
+}
+
+/// A minimal Responses API reply with one text output.
+fn responses_ok(text: &str) -> Value {
+    json!({"id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
+        "model": "real", "output": [{"type": "message", "id": "msg_1", "status": "completed",
+        "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}})
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_is_never_sent_does_not_keep_the_target_out() {
+    // "a" speaks Responses, which has no stop sequences: a chat request with `stop` can only be
+    // served by "b". Such a request may pick "a" for its probe and then skip it unsent; "a"
+    // must still get its probe from a later request.
+    let mode = Arc::new(AtomicU8::new(FAIL));
+    let m = mode.clone();
+    let a = FakeUpstream::start(move |_| match m.load(Ordering::SeqCst) {
+        FAIL => reply(503, &openai_error("a is down"), None),
+        _ => Reply::json(200, responses_ok("a")),
+    })
+    .await;
+    let b = FakeUpstream::start(ok("b")).await;
+    let gw = TestGateway::start(&gateway_config(
+        &[("a", "responses", &a.url()), ("b", "chat", &b.url())],
+        r#"
+[[models]]
+name = "m"
+targets = [{ upstream = "a", weight = 99 }, { upstream = "b", weight = 1 }]
+retry = { attempts = 2 }
+health = { eject_after = 1, eject_ms = 10000 }
+"#,
+    ))
+    .await;
+    // One failure ejects "a".
+    for _ in 0..40 {
+        if !a.seen().is_empty() {
+            break;
+        }
+        let (status, headers, _) = post_json(&gw.base(CHAT), chat_body("m")).await;
+        assert_eq!((status, upstream_of(&headers)), (200, "b".to_owned()));
+    }
+    assert_eq!(a.seen().len(), 1);
+    // The ejection runs out; "a" is fine again.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    mode.store(OK, Ordering::SeqCst);
+    let mut with_stop = chat_body("m");
+    with_stop["stop"] = json!(["END"]);
+    let (status, headers, body) = post_json(&gw.base(CHAT), with_stop).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(upstream_of(&headers), "b");
+    assert_eq!(
+        a.seen().len(),
+        1,
+        "nothing was sent to a target that cannot take it"
+    );
+    // Weighted 99:1 and owed a probe: twenty requests that all miss "a" would be a stuck target.
+    for _ in 0..20 {
+        if a.seen().len() > 1 {
+            break;
+        }
+        post_json(&gw.base(CHAT), chat_body("m")).await;
+    }
+    assert_eq!(
+        a.seen().len(),
+        2,
+        "the target whose ejection ran out never got its probe"
+    );
+    assert_eq!(a.last().uri, "/v1/responses");
 }
 
 #[tokio::test(start_paused = true)]
