@@ -353,6 +353,9 @@ def test_anthropic_messages_client_falls_back_to_a_chat_upstream(
     line = access_log_line(gateway, raw.headers["x-request-id"])
     assert logged(line, "attempts", "2"), line
     assert logged(line, "upstream", "openai-up"), line
+    # Every attempt is in the line (issue 11: target, outcome, time), the failed one first.
+    assert "anthropic-down" in line and "503" in line, line
+    assert line.index("anthropic-down") < line.rindex("openai-up"), line
 
 
 def test_anthropic_stream_falls_back_to_a_chat_upstream(
