@@ -990,6 +990,77 @@ health = { eject_after = 1, eject_ms = 10000 }
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_probe_whose_client_leaves_during_the_backoff_does_not_keep_the_target_out() {
+    let times: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let a_mode = Arc::new(AtomicU8::new(FAIL));
+    let b_mode = Arc::new(AtomicU8::new(OK));
+    let (b_tx, mut b_calls) = mpsc::unbounded_channel();
+    let (t, m) = (times.clone(), a_mode.clone());
+    let a = FakeUpstream::start(move |_| {
+        t.lock().unwrap().push(Instant::now());
+        match m.load(Ordering::SeqCst) {
+            FAIL => reply(503, &openai_error("a is down"), None),
+            _ => Reply::json(200, chat_ok("a")),
+        }
+    })
+    .await;
+    let m = b_mode.clone();
+    let b = FakeUpstream::start(notifying(b_tx, move |_| match m.load(Ordering::SeqCst) {
+        HANG => Reply::Hang,
+        _ => Reply::json(200, chat_ok("b")),
+    }))
+    .await;
+    // Backoffs up to 60 s (full jitter), ejections of 100 s: longer than any backoff.
+    let gw = TestGateway::start(&gateway_config(
+        &[("a", "chat", &a.url()), ("b", "chat", &b.url())],
+        r#"
+[[models]]
+name = "m"
+targets = [{ upstream = "a", weight = 99 }, { upstream = "b", weight = 1 }]
+retry = { attempts = 2, backoff_ms = 60000, max_backoff_ms = 60000 }
+health = { eject_after = 1, eject_ms = 100000 }
+"#,
+    ))
+    .await;
+    let url = gw.base(CHAT);
+    // One failure ejects "a" until 100 s after it.
+    for _ in 0..40 {
+        if !a.seen().is_empty() {
+            break;
+        }
+        post_json(&url, chat_body("m")).await;
+    }
+    let failed_at = times.lock().unwrap()[0];
+    a_mode.store(OK, Ordering::SeqCst);
+    // 1 s before "a" may be probed, a request starts on "b", which stays silent; when its
+    // first-byte timeout (2 s) ends, the retry's pick is the probe of "a", after a backoff.
+    let one_second_before = failed_at + Duration::from_secs(99);
+    tokio::time::advance(one_second_before.saturating_duration_since(Instant::now())).await;
+    b_mode.store(HANG, Ordering::SeqCst);
+    while b_calls.try_recv().is_ok() {}
+    let call = tokio::spawn(post_json_owned(url.clone()));
+    b_calls.recv().await.unwrap();
+    // Ends once the timeout has fired and the gateway sits in its backoff (unless the jitter
+    // drew under 1 ms, p ≈ 2e-5: then the probe is sent and the rest passes without testing).
+    tokio::time::sleep(Duration::from_millis(2001)).await;
+    call.abort();
+    let _ = call.await;
+    // Every ejection has run out; "b" is fine again. "a", owed its probe, must get it.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    b_mode.store(OK, Ordering::SeqCst);
+    for _ in 0..20 {
+        if a.seen().len() > 1 {
+            break;
+        }
+        post_json(&url, chat_body("m")).await;
+    }
+    assert!(
+        a.seen().len() > 1,
+        "the target whose probe's client left is never tried again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn with_every_target_ejected_the_least_recently_ejected_is_tried() {
     let a = FakeUpstream::start(|_| reply(503, &openai_error("a"), None)).await;
     let b = FakeUpstream::start(|_| reply(503, &openai_error("b"), None)).await;
@@ -1110,6 +1181,10 @@ async fn messages_client_falls_back_to_a_chat_upstream() {
     assert_eq!(body["content"][0]["type"], "text");
     assert_eq!(body["content"][0]["text"], "from chat");
     assert_eq!(body["stop_reason"], "end_turn");
+    assert_eq!(
+        body["model"], "claude",
+        "the reply names the model the client asked for"
+    );
     // Each attempt was written for its own target.
     let first = anth.last();
     assert_eq!(first.uri, "/v1/messages");
