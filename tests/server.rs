@@ -262,6 +262,8 @@ fn check_accepts_the_shipped_config_and_every_example() {
                 ("MODELGATE_CLIENT_KEY", "x"),
                 ("VERTEX_ACCESS_TOKEN", "x"),
                 ("GEMINI_API_KEY", "x"),
+                ("AZURE_OPENAI_KEY", "x"),
+                ("ANTHROPIC_API_KEY", "x"),
             ])
             .output()
             .unwrap();
