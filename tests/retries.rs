@@ -339,6 +339,45 @@ async fn refused_connection_moves_to_the_next_target() {
     assert_eq!(live.seen().len(), 5);
 }
 
+/// A loopback server that takes each connection, reads a little and closes it without a word;
+/// returns its URL and the number of connections it took.
+async fn closing_server() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+            // Dropped here: the request got in, no head ever comes out.
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_closed_before_a_head_moves_to_the_next_target() {
+    let (closing_url, accepted) = closing_server().await;
+    let live = FakeUpstream::start(ok("alive")).await;
+    let gw = TestGateway::start(&failing_first_config(&closing_url, &live.url())).await;
+    let mut retried = 0;
+    for _ in 0..5 {
+        let (status, headers, body) = post_json(&gw.base(CHAT), chat_body("m")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(upstream_of(&headers), "live");
+        if attempts(&headers) == 2 {
+            retried += 1;
+        }
+    }
+    assert!(
+        retried >= 1,
+        "no request ever tried the closing target first"
+    );
+    assert!(accepted.load(Ordering::SeqCst) >= retried);
+}
+
 #[tokio::test(start_paused = true)]
 async fn head_that_never_comes_moves_to_the_next_target() {
     let silent = FakeUpstream::start(|_| Reply::Hang).await;
@@ -1140,6 +1179,35 @@ health = { eject_after = 0 }
         "a retry again once the window moved on"
     );
     assert_eq!(a.seen().len(), 23);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_budget_follows_its_percentage_above_the_floor() {
+    let a = FakeUpstream::start(|_| reply(503, &openai_error("down"), None)).await;
+    let gw = TestGateway::start(&gateway_config(
+        &[("a", "chat", &a.url())],
+        r#"
+[[models]]
+name = "m"
+upstream = "a"
+retry = { attempts = 2, budget_percent = 50 }
+health = { eject_after = 0 }
+"#,
+    ))
+    .await;
+    // 40 failing requests, each wanting one retry; the backoffs add at most 2 s of clock, so all
+    // fall in one window. Retries may reach 50 % of the 40 requests (the floor of 10 is lower):
+    // the first 10 on the floor, then one every other request. One less is allowed for a
+    // gateway that weighs a request's retry before counting the request itself.
+    for _ in 0..40 {
+        let (status, _, _) = post_json(&gw.base(CHAT), chat_body("m")).await;
+        assert_eq!(status, 503);
+    }
+    let retries = a.seen().len() - 40;
+    assert!(
+        (19..=20).contains(&retries),
+        "{retries} retries for 40 requests at budget_percent = 50"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
