@@ -1309,6 +1309,42 @@ async fn streamed_messages_client_falls_back_to_a_chat_upstream() {
     assert_eq!(oai.last().json()["stream"], true);
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_built_in_mock_is_a_fallback_like_any_other() {
+    // The primary refuses connections; the fallback is the in-process mock, spoken to in chat,
+    // so a /v1/messages client is translated toward it and back.
+    let gw = TestGateway::start(&gateway_config(
+        &[("down", "chat", &dead_url())],
+        r#"
+[[upstreams]]
+name = "mock"
+kind = "mock"
+protocol = "chat"
+
+[[models]]
+name = "m"
+upstream = "down"
+fallbacks = ["mock-echo"]
+
+[[models]]
+name = "mock-echo"
+upstream = "mock"
+"#,
+    ))
+    .await;
+    for (path, body) in [(CHAT, chat_body("m")), (MESSAGES, messages_body("m"))] {
+        let (status, headers, body) = post_json(&gw.base(path), body).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(upstream_of(&headers), "mock", "{path}");
+        assert_eq!(attempts(&headers), 2, "{path}");
+        if path == CHAT {
+            assert_eq!(body["object"], "chat.completion", "{body}");
+        } else {
+            assert_eq!(body["type"], "message", "{body}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancellation
 // ---------------------------------------------------------------------------------------------
