@@ -7,26 +7,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{ErrorKind, GatewayError};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The body type of every response the gateway sends.
-pub type Body = BoxBody<Bytes, BoxError>;
-
-pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-pub fn empty() -> Body {
-    full(Bytes::new())
-}
+pub use crate::boxed::{empty, full, Body, BoxError};
 
 /// How a passed-through stream reports a failure after its first byte, in the client's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,10 +337,11 @@ impl<B: HttpBody, G> HttpBody for Guarded<B, G> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn a_prepended_frame_comes_first_and_counts_in_the_length() {
-        let inner = Full::new(Bytes::from_static(b" world"));
+        let inner = http_body_util::Full::new(Bytes::from_static(b" world"));
         let body = Prepend::new(Frame::data(Bytes::from_static(b"hello")), inner);
         assert_eq!(body.size_hint().exact(), Some(11));
         let all = body.collect().await.map(|c| c.to_bytes());

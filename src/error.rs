@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::body::{self, Body};
+use crate::boxed::{self, Body};
 
 /// The error body a path answers with (gateway.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,7 +250,7 @@ impl GatewayError {
     /// Renders the error as a complete response in `shape`.
     pub fn into_response(self, shape: ErrorShape) -> Response<Body> {
         let (content_type, bytes) = self.render(shape);
-        let mut resp = Response::new(body::full(bytes));
+        let mut resp = Response::new(boxed::full(bytes));
         *resp.status_mut() = self.status();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

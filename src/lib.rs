@@ -23,8 +23,11 @@
 pub mod attempt;
 pub mod auth;
 pub mod body;
+pub mod boxed;
 pub mod config;
+pub mod domain;
 pub mod error;
+pub mod gateway;
 pub mod ir;
 pub mod json;
 pub mod metrics;

@@ -14,22 +14,21 @@ use crate::auth::{KeyStore, Principal};
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
+use crate::gateway::Services;
 use crate::json::RawObject;
-use crate::metrics::Metrics;
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, ModelTable, NamePattern};
 use crate::translate::{self, Translation};
-use crate::upstream::{self, UpstreamClient};
-use crate::video::VideoService;
+use crate::upstream;
+use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, VideoService};
 use crate::{mock, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
     pub keys: KeyStore,
     pub models: ModelTable,
-    pub client: UpstreamClient,
-    pub limits: Limits,
-    pub metrics: Metrics,
+    /// The upstream client, metrics and limits, shared with video.
+    pub services: Services,
     pub video: VideoService,
     /// Targets' health, load and latency, and each model's retry budget.
     pub runtime: Arc<Runtime>,
@@ -41,9 +40,7 @@ impl Gateway {
         Self {
             keys: KeyStore::new(&config.keys),
             models: ModelTable::new(&config.models),
-            client: UpstreamClient::new(&config.limits),
-            limits: config.limits,
-            metrics: Metrics::default(),
+            services: Services::new(config),
             video: VideoService::new(config),
             runtime: Arc::new(Runtime::new(config)),
             ready: AtomicBool::new(true),
@@ -162,7 +159,7 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 /// Serves one request; never fails, every error is rendered here in the path's shape.
 pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
-    gw.metrics.request_started();
+    gw.services.metrics.request_started();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let mut ctx = Ctx {
@@ -198,7 +195,9 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         }
     };
     let status = resp.status();
-    gw.metrics.request_finished(address, status.as_u16());
+    gw.services
+        .metrics
+        .request_finished(address, status.as_u16());
     tracing::info!(
         request_id = ?ctx.request_id,
         address = address.name(),
@@ -242,14 +241,45 @@ async fn dispatch(
         Endpoint::Health => Ok(text(StatusCode::OK, "ok\n")),
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
-        Endpoint::Metrics => Ok(text(StatusCode::OK, gw.metrics.render())),
-        Endpoint::Video => gw.video.handle(gw, req, &ctx.request_id).await,
+        Endpoint::Metrics => Ok(text(StatusCode::OK, gw.services.metrics.render())),
+        Endpoint::Video => video(gw, req, ctx).await,
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
-            let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+            let bytes =
+                read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
             Ok(mock::handle(protocol, &bytes, std::time::Duration::ZERO))
         }
     }
+}
+
+/// The video address: the key checked and a creation's body read here, the rest in `video`.
+async fn video(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    let (parts, body) = req.into_parts();
+    let ep = VideoEndpoint::parse(&parts.method, parts.uri.path())?;
+    if ep.needs_key() {
+        ctx.key = Some(
+            gw.keys
+                .authenticate(&parts.headers, Address::Video, false)?,
+        );
+    }
+    let bytes = match ep {
+        VideoEndpoint::Create => {
+            Some(read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?)
+        }
+        _ => None,
+    };
+    let call = VideoCall {
+        headers: &parts.headers,
+        uri: &parts.uri,
+        request_id: &ctx.request_id,
+        principal: ctx.key.as_ref(),
+        body: bytes.as_ref(),
+    };
+    gw.video.handle(&gw.services, &gw.models, ep, call).await
 }
 
 /// `POST /v1/chat/completions`, `/v1/messages`, `/v1/responses`.
@@ -265,7 +295,7 @@ async fn llm(
         .authenticate(req.headers(), address, protocol == Protocol::Messages)?;
     ctx.key = Some(principal.clone());
     let (parts, body) = req.into_parts();
-    let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+    let bytes = read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
     let obj = parse_object(&bytes)?;
     let client_model = validate::model_name(&obj)?.into_owned();
     let model = gw.models.resolve(&client_model, address)?.clone();
@@ -372,7 +402,10 @@ async fn attempts(
                         let ok = resp.status().is_success();
                         match first_frame(
                             resp,
-                            gw.limits.first_byte_timeout.saturating_sub(elapsed),
+                            gw.services
+                                .limits
+                                .first_byte_timeout
+                                .saturating_sub(elapsed),
                         )
                         .await
                         {
@@ -384,7 +417,7 @@ async fn attempts(
                                     status.to_string(),
                                     started.elapsed(),
                                 );
-                                let resp = respond(resp, gw.limits, encoded.reply).await?;
+                                let resp = respond(resp, gw.services.limits, encoded.reply).await?;
                                 return Ok(with_guard(resp, inflight));
                             }
                             Err(e) => e,
@@ -413,7 +446,7 @@ async fn attempts(
     match last {
         Some(Failed::Transport(e)) => Err(e),
         Some(Failed::Status(resp, encoded)) => {
-            let mut resp = respond(resp, gw.limits, encoded.reply).await?;
+            let mut resp = respond(resp, gw.services.limits, encoded.reply).await?;
             if let Some(after) = smallest_retry_after {
                 let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
                 resp.headers_mut()
@@ -533,8 +566,8 @@ async fn send(
         request_id,
         encoded.body.clone(),
     )?;
-    let result = gw.client.send(upstream, req).await;
-    gw.metrics.upstream_call(result.is_err());
+    let result = gw.services.client.send(upstream, req).await;
+    gw.services.metrics.upstream_call(result.is_err());
     let resp = result?;
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");

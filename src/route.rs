@@ -3,57 +3,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Address, Model, Protocol};
+use crate::config::Model;
+pub use crate::domain::NamePattern;
+use crate::domain::{Address, Protocol};
 use crate::error::{ErrorKind, GatewayError};
-
-/// A model name or key restriction: an exact name, or a `prefix*` pattern (`*` alone matches all).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NamePattern {
-    Exact(String),
-    Prefix(String),
-    Any,
-}
-
-impl NamePattern {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        if text.is_empty() {
-            return Err("must not be empty".into());
-        }
-        match text.find('*') {
-            None => Ok(Self::Exact(text.to_owned())),
-            Some(pos) if pos + 1 == text.len() => {
-                if pos == 0 {
-                    Ok(Self::Any)
-                } else {
-                    Ok(Self::Prefix(text[..pos].to_owned()))
-                }
-            }
-            Some(_) => Err(format!(
-                "invalid pattern {text:?}: `*` is allowed only at the end (prefix*)"
-            )),
-        }
-    }
-
-    pub fn matches(&self, name: &str) -> bool {
-        match self {
-            Self::Exact(n) => n == name,
-            Self::Prefix(p) => name.starts_with(p.as_str()),
-            Self::Any => true,
-        }
-    }
-
-    /// True when every name `other` matches is also matched by `self` (used to list models a key may use).
-    pub fn covers(&self, other: &NamePattern) -> bool {
-        match (self, other) {
-            (Self::Any, _) => true,
-            (_, Self::Any) => false,
-            (Self::Exact(a), Self::Exact(b)) => a == b,
-            (Self::Exact(_), Self::Prefix(_)) => false,
-            (Self::Prefix(p), Self::Exact(b)) => b.starts_with(p.as_str()),
-            (Self::Prefix(p), Self::Prefix(q)) => q.starts_with(p.as_str()),
-        }
-    }
-}
 
 /// The model table, built once from the config.
 #[derive(Debug, Default)]

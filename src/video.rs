@@ -26,17 +26,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
-use hyper::body::Incoming;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response};
 use moka::future::Cache;
 use moka::Expiry;
 use serde::Serialize;
 
+use crate::auth::Principal;
 use crate::body::{self, Body};
 use crate::config::{Address, Config, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError};
+use crate::gateway::Services;
 use crate::json::RawObject;
-use crate::pipeline::{read_body, Gateway};
+use crate::route::ModelTable;
 use call::Failure;
 use task::{Outcome, TaskStatus, Video};
 use token::{FileToken, Signer, TaskToken};
@@ -108,36 +109,20 @@ impl VideoService {
         }
     }
 
-    /// Serves one request on the video address; errors are rendered in the video envelope by the pipeline.
+    /// Serves one request on the video address, already routed to `ep` (and, where the
+    /// endpoint needs one, authenticated); errors are rendered in the video envelope by the
+    /// pipeline.
     pub async fn handle(
         &self,
-        gw: &Gateway,
-        req: Request<Incoming>,
-        request_id: &HeaderValue,
+        gw: &Services,
+        models: &ModelTable,
+        ep: Endpoint<'_>,
+        call: Call<'_>,
     ) -> Result<Response<Body>, GatewayError> {
-        let path = req.uri().path().to_owned();
-        let method = req.method().clone();
-        let result = if path == "/v1/video/generations" {
-            if method != Method::POST {
-                return Err(GatewayError::method_not_allowed("POST"));
-            }
-            self.create(gw, req, request_id).await
-        } else if let Some(id) = path.strip_prefix("/v1/tasks/") {
-            if method != Method::GET && method != Method::POST {
-                return Err(GatewayError::method_not_allowed("GET, POST"));
-            }
-            self.lookup(gw, &req, id, request_id).await
-        } else if let Some(id) = path.strip_prefix("/v1/files/") {
-            if method != Method::GET {
-                return Err(GatewayError::method_not_allowed("GET"));
-            }
-            self.download(gw, id, request_id).await
-        } else {
-            Err(GatewayError::new(
-                ErrorKind::NotFound,
-                format!("no such path: {method} {path}"),
-            )
-            .into())
+        let result = match ep {
+            Endpoint::Create => self.create(gw, models, call).await,
+            Endpoint::Lookup(id) => self.lookup(gw, call, id).await,
+            Endpoint::Download(id) => self.download(gw, id, call.request_id).await,
         };
         match result {
             Ok(resp) => Ok(resp),
@@ -150,7 +135,7 @@ impl VideoService {
                 retry_after: Some(after),
             }) => {
                 // The pipeline renders plain errors; this one must keep the upstream's retry-after.
-                tracing::info!(request_id = ?request_id, error = %error, "video upstream rate limited");
+                tracing::info!(request_id = ?call.request_id, error = %error, "video upstream rate limited");
                 let mut resp = error.into_response(ErrorShape::Video);
                 resp.headers_mut().insert(header::RETRY_AFTER, *after);
                 Ok(resp)
@@ -161,16 +146,15 @@ impl VideoService {
     /// `POST /v1/video/generations`: checks, starts the job upstream, answers PENDING with a signed id.
     async fn create(
         &self,
-        gw: &Gateway,
-        req: Request<Incoming>,
-        request_id: &HeaderValue,
+        gw: &Services,
+        models: &ModelTable,
+        call: Call<'_>,
     ) -> Result<Response<Body>, Failure> {
-        let principal = gw.keys.authenticate(req.headers(), Address::Video, false)?;
-        let (parts, body) = req.into_parts();
-        let bytes = read_body(body, &parts.headers, gw.limits.max_request_bytes).await?;
+        let (principal, request_id) = (call.key()?, call.request_id);
+        let bytes = call.body.cloned().unwrap_or_default();
         let obj = parse_object(&bytes)?;
         let client_model = request::model(&obj)?.into_owned();
-        let model = gw.models.resolve(&client_model, Address::Video)?.clone();
+        let model = models.resolve(&client_model, Address::Video)?.clone();
         principal.check_model(&client_model)?;
         let checked = request::validate(&obj)?;
         let upstream = &model.primary().upstream;
@@ -188,7 +172,7 @@ impl VideoService {
         let reference = match upstream.kind {
             UpstreamKind::Mock => mock::reference(&checked),
             UpstreamKind::Video => {
-                native::create(gw, &model, &parts.headers, request_id, &bytes, obj).await?
+                native::create(gw, &model, call.headers, request_id, &bytes, obj).await?
             }
             UpstreamKind::VeoVertex | UpstreamKind::VeoGemini => {
                 veo::create(gw, upstream, &upstream_model, &checked, request_id).await?
@@ -222,12 +206,11 @@ impl VideoService {
     /// `GET|POST /v1/tasks/{taskId}`: the task's state, polled through the cache.
     async fn lookup(
         &self,
-        gw: &Gateway,
-        req: &Request<Incoming>,
+        gw: &Services,
+        call: Call<'_>,
         id: &str,
-        request_id: &HeaderValue,
     ) -> Result<Response<Body>, Failure> {
-        let principal = gw.keys.authenticate(req.headers(), Address::Video, false)?;
+        let (principal, request_id) = (call.key()?, call.request_id);
         let not_found = || {
             GatewayError::new(
                 ErrorKind::NotFound,
@@ -273,7 +256,7 @@ impl VideoService {
                 let file_id = self.signer.sign_file(&file, prefix.as_deref());
                 data.url = Some(format!(
                     "{}/v1/files/{file_id}",
-                    self.public_base(req.headers(), req.uri())
+                    self.public_base(call.headers, call.uri)
                 ));
             }
             None => {}
@@ -288,7 +271,7 @@ impl VideoService {
     /// `GET /v1/files/{fileId}`: no key; the id itself is the permission, until it expires.
     async fn download(
         &self,
-        gw: &Gateway,
+        gw: &Services,
         id: &str,
         request_id: &HeaderValue,
     ) -> Result<Response<Body>, Failure> {
@@ -342,9 +325,74 @@ impl VideoService {
     }
 }
 
+/// The endpoints of the video address, decided by method and path alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint<'a> {
+    /// `POST /v1/video/generations`
+    Create,
+    /// `GET|POST /v1/tasks/{taskId}`
+    Lookup(&'a str),
+    /// `GET /v1/files/{fileId}`: no key; the signed id is the permission.
+    Download(&'a str),
+}
+
+impl<'a> Endpoint<'a> {
+    pub fn parse(method: &Method, path: &'a str) -> Result<Self, GatewayError> {
+        if path == "/v1/video/generations" {
+            if method != Method::POST {
+                return Err(GatewayError::method_not_allowed("POST"));
+            }
+            Ok(Self::Create)
+        } else if let Some(id) = path.strip_prefix("/v1/tasks/") {
+            if method != Method::GET && method != Method::POST {
+                return Err(GatewayError::method_not_allowed("GET, POST"));
+            }
+            Ok(Self::Lookup(id))
+        } else if let Some(id) = path.strip_prefix("/v1/files/") {
+            if method != Method::GET {
+                return Err(GatewayError::method_not_allowed("GET"));
+            }
+            Ok(Self::Download(id))
+        } else {
+            Err(GatewayError::new(
+                ErrorKind::NotFound,
+                format!("no such path: {method} {path}"),
+            ))
+        }
+    }
+
+    /// Whether the caller must present a key (everything but a signed download).
+    pub fn needs_key(self) -> bool {
+        !matches!(self, Self::Download(_))
+    }
+}
+
+/// What the pipeline hands over with a video request.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    pub headers: &'a HeaderMap,
+    pub uri: &'a http::Uri,
+    pub request_id: &'a HeaderValue,
+    /// The authenticated key, for endpoints that need one.
+    pub principal: Option<&'a Arc<Principal>>,
+    /// The request body, read for task creation.
+    pub body: Option<&'a Bytes>,
+}
+
+impl Call<'_> {
+    fn key(&self) -> Result<&Arc<Principal>, GatewayError> {
+        self.principal.ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                "a video endpoint was not authenticated",
+            )
+        })
+    }
+}
+
 /// One upstream poll, by kind.
 async fn poll(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     task: &TaskToken,
     request_id: &HeaderValue,

@@ -961,16 +961,13 @@ fn validate_models(
         }
     }
     // A fallback is looked up like a client's model name, on the addresses its model serves.
-    let table = crate::route::ModelTable::new(&out);
     for (path, name, addresses) in all_fallbacks {
-        let found = Address::CLIENT
-            .into_iter()
-            .filter(|a| addresses.contains(*a))
-            .any(|a| {
-                table
-                    .resolve(&name, a)
-                    .is_ok_and(|f| f.primary().protocol().is_some())
-            });
+        let found = out.iter().any(|m| {
+            m.pattern.matches(&name)
+                && m.addresses.0 & addresses.0 != 0
+                && m.primary().protocol().is_some()
+                && !m.primary().upstream.kind.is_video()
+        });
         if !found {
             errors.push(
                 path,

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use crate::body::{StreamGuard, UpstreamBody};
 use crate::config::Upstream;
 use crate::error::{ErrorKind, GatewayError};
-use crate::pipeline::Gateway;
+use crate::gateway::Services;
 
 /// The most the gateway reads of a JSON answer (a task, an operation without its inline video).
 pub const JSON_LIMIT: usize = 4 << 20;
@@ -32,7 +32,7 @@ impl From<GatewayError> for Failure {
 
 /// Sends one request to `upstream` and waits for its head (first-byte timeout).
 pub async fn send(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     req: Request<Full<Bytes>>,
 ) -> Result<Response<Incoming>, Failure> {
@@ -42,12 +42,12 @@ pub async fn send(
 }
 
 /// The upstream's body with the idle timeout between frames.
-pub fn guarded(gw: &Gateway, body: Incoming) -> UpstreamBody<Incoming> {
+pub fn guarded(gw: &Services, body: Incoming) -> UpstreamBody<Incoming> {
     UpstreamBody::new(body, gw.limits.idle_timeout, StreamGuard::None)
 }
 
 /// Reads a whole answer of at most [`JSON_LIMIT`] bytes.
-pub async fn read(gw: &Gateway, upstream: &Upstream, body: Incoming) -> Result<Bytes, Failure> {
+pub async fn read(gw: &Services, upstream: &Upstream, body: Incoming) -> Result<Bytes, Failure> {
     match Limited::new(guarded(gw, body), JSON_LIMIT).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {

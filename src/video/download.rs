@@ -13,7 +13,7 @@ use pin_project_lite::pin_project;
 use crate::body::{Body, BoxError};
 use crate::config::Upstream;
 use crate::error::{ErrorKind, GatewayError};
-use crate::pipeline::Gateway;
+use crate::gateway::Services;
 use crate::upstream;
 use crate::video::call::{self, Failure};
 use crate::video::inline::DecodeBody;
@@ -25,7 +25,7 @@ const MAX_REDIRECTS: usize = 5;
 
 /// Streams the file `source` names; `upstream` is the one it names (none for the mock).
 pub async fn serve(
-    gw: &Gateway,
+    gw: &Services,
     upstream: Option<&Upstream>,
     source: &FileSource,
     gcs_api_url: &str,
@@ -86,7 +86,7 @@ fn origin(uri: &Uri) -> (Option<&str>, Option<&str>) {
 
 /// GET `uri`, following redirects; the credential is dropped as soon as a hop leaves the origin.
 async fn fetch(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     mut uri: Uri,
     mut credential: bool,
@@ -147,7 +147,7 @@ fn resolve(base: &Uri, location: &str) -> Option<Uri> {
 
 /// Sends the upstream's bytes on as they come; its failure status becomes the client's error first.
 async fn relay(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     resp: Response<Incoming>,
 ) -> Result<Response<Body>, Failure> {
@@ -175,7 +175,7 @@ async fn relay(
 
 /// Fetches the operation again and decodes its inline video as it streams.
 async fn inline(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     model: &str,
     reference: &str,

@@ -6,8 +6,8 @@ use serde_json::Value;
 
 use crate::config::{Model, Upstream};
 use crate::error::{ErrorKind, GatewayError};
+use crate::gateway::Services;
 use crate::json::{self, RawObject};
-use crate::pipeline::Gateway;
 use crate::upstream;
 use crate::video::call::{self, Failure};
 use crate::video::task::{Outcome, TaskStatus, Video};
@@ -16,7 +16,7 @@ const SUCCESS: i64 = 100_000;
 
 /// `POST {base_url}/video/generations` with the client's body (model renamed if configured); returns the upstream's task id.
 pub async fn create(
-    gw: &Gateway,
+    gw: &Services,
     model: &Model,
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
@@ -57,7 +57,7 @@ pub async fn create(
 
 /// `GET {base_url}/tasks/{id}`, its status mapped onto ours.
 pub async fn poll(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     reference: &str,
     request_id: &HeaderValue,

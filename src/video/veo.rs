@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::config::{Upstream, UpstreamKind};
 use crate::error::{ErrorKind, GatewayError};
-use crate::pipeline::Gateway;
+use crate::gateway::Services;
 use crate::upstream;
 use crate::video::call::{self, Failure};
 use crate::video::inline;
@@ -124,7 +124,7 @@ pub fn op_prefix(upstream: &Upstream, model: &str) -> Option<String> {
 
 /// Starts the job; returns the operation name.
 pub async fn create(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     model: &str,
     req: &VideoRequest,
@@ -204,7 +204,7 @@ pub fn poll_request(
 
 /// Reads the operation (its inline video left out) and maps it onto an outcome.
 pub async fn poll(
-    gw: &Gateway,
+    gw: &Services,
     upstream: &Upstream,
     model: &str,
     operation: &str,
