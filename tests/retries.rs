@@ -743,7 +743,8 @@ targets = [{ upstream = "a", weight = 3 }, { upstream = "b", weight = 1 }]
 #[tokio::test]
 async fn least_inflight_prefers_the_idle_target() {
     // Streamed requests get a first chunk and then an open body (60 s, shorter than the
-    // gateway's idle timeout); other requests a JSON reply at once.
+    // gateway's idle timeout); other requests a JSON reply at once. On the real clock: on a
+    // paused one the held stream's pause would run out the moment every task idled.
     let handler = |name: &'static str| {
         move |s: &Seen| {
             if s.json()["stream"] == true {
