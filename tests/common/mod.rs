@@ -162,6 +162,8 @@ pub enum Reply {
     },
     /// Never answer (until the client goes away).
     Hang,
+    /// The inner reply after a pause: a head that comes late.
+    After(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -303,6 +305,10 @@ async fn respond(reply: Reply, cancel_tx: mpsc::UnboundedSender<()>) -> Response
             resp.headers_mut()
                 .insert("content-type", content_type.parse().unwrap());
             resp
+        }
+        Reply::After(pause, inner) => {
+            tokio::time::sleep(pause).await;
+            Box::pin(respond(*inner, cancel_tx)).await
         }
         Reply::Hang => {
             // Dropped when hyper sees the connection close: the sender fires then.
