@@ -283,6 +283,19 @@ pub struct Key {
     pub models: Vec<NamePattern>,
 }
 
+/// A key's share of the upstreams (gateway.md §11); `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// Requests per minute, smoothed by GCRA with a burst of a tenth of it.
+    pub rpm: Option<u32>,
+    /// Input plus output tokens per minute, charged from each reply's usage.
+    pub tpm: Option<u64>,
+    /// Requests open at once, streams until their last byte.
+    pub max_concurrent: Option<u32>,
+    /// Input plus output tokens per UTC day.
+    pub daily_tokens: Option<u64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_request_bytes: u64,

@@ -40,6 +40,7 @@ pub mod route;
 pub mod routing;
 pub mod server;
 pub mod sse;
+pub mod store;
 pub mod thinking;
 pub mod tls;
 pub mod translate;

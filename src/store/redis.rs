@@ -1,0 +1,383 @@
+//! The Redis (or Valkey) store: the same counters in Redis, one atomic script per admission, so every instance pointed at it enforces one limit.
+//!
+//! Keys, per gateway key `k` (the `{k}` hash tag keeps one key's counters in one cluster slot):
+//! - `modelgate:{k}:tat`: the GCRA theoretical arrival time, expiring once it is in the past
+//!   (an absent TAT and a past one mean the same).
+//! - `modelgate:{k}:m:<minute>`: tokens charged in that minute, kept ~2 minutes (read as the
+//!   current minute, then as the previous one).
+//! - `modelgate:{k}:d:<day>`: tokens charged in that UTC day, kept 2 days.
+//! - `modelgate:{k}:slots`: a sorted set of concurrency slots scored by their expiry, so the
+//!   slots of an instance that died fall out after `SLOT_TTL_MS`.
+//!
+//! The script decides with the caller's clock (`now_ms`), not Redis's, so tests are
+//! deterministic and every instance uses one arithmetic; the verdict's windows are then worked
+//! out here with the same helpers the in-process store uses.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, Script};
+use tokio::sync::OnceCell;
+
+use super::*;
+
+/// The longest any store call may take, connecting included. A local or same-zone Redis answers
+/// in well under a millisecond, so this only bites when it is down or stuck; it bounds what an
+/// unreachable store adds to a request before `[store] on_error` decides.
+pub const CALL_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long a minute bucket lives: it is read as the current minute and then as the previous
+/// one, so two minutes from its last charge, plus a little for clocks that disagree.
+const MINUTE_BUCKET_TTL_MS: u64 = 2 * MINUTE_MS + 10_000;
+/// How long a day bucket lives: the day itself, and a day of slack for skewed clocks.
+const DAY_BUCKET_TTL_MS: u64 = 2 * DAY_MS;
+/// Kept past a TAT, so clocks a little behind still see it.
+const TAT_SLACK_MS: u64 = 1_000;
+
+/// The admission check, atomically. Mirrors `LocalStore::admit`: checks rpm, tpm, daily tokens
+/// and concurrency in that order, counts the request only when all pass.
+///
+/// KEYS: tat, this minute, the previous minute, today, slots.
+/// ARGV: now, slot id, then per limit a value or -1 when unset: emission interval T, burst,
+/// tpm, daily tokens, max concurrent; then the previous minute's weight (ms of it still in the
+/// window), the minute bucket TTL, the slot TTL, the TAT slack.
+/// Returns: refused (0 none, 1 rpm, 2 tpm, 3 daily, 4 concurrency), the TAT after, this
+/// minute's tokens, the previous minute's, today's.
+///
+/// Lua numbers are doubles: exact for every integer below 2^53 (milliseconds since 1970 and
+/// token counts are far below), and the weighted division is exact for fewer than ~10^11
+/// tokens a minute.
+const ADMIT_LUA: &str = r"
+local now = tonumber(ARGV[1])
+local slot = ARGV[2]
+local t = tonumber(ARGV[3])
+local burst = tonumber(ARGV[4])
+local tpm = tonumber(ARGV[5])
+local daily = tonumber(ARGV[6])
+local maxc = tonumber(ARGV[7])
+local weight = tonumber(ARGV[8])
+local slot_ttl = tonumber(ARGV[9])
+local tat_slack = tonumber(ARGV[10])
+local minute_ms = 60000
+
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+local previous = tonumber(redis.call('GET', KEYS[3]) or '0')
+local today = tonumber(redis.call('GET', KEYS[4]) or '0')
+local used = current + math.floor(previous * weight / minute_ms)
+
+local refused = 0
+local next_tat = tat
+if t >= 0 then
+  next_tat = math.max(tat, now) + t
+  if next_tat - now > burst * t then
+    refused = 1
+  end
+end
+if refused == 0 and tpm >= 0 and used >= tpm then
+  refused = 2
+end
+if refused == 0 and daily >= 0 and today >= daily then
+  refused = 3
+end
+if refused == 0 and maxc >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[1])
+  if redis.call('ZCARD', KEYS[5]) >= maxc then
+    refused = 4
+  end
+end
+if refused == 0 then
+  if t >= 0 then
+    tat = next_tat
+    redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', tat - now + tat_slack))
+  end
+  if maxc >= 0 then
+    redis.call('ZADD', KEYS[5], string.format('%d', now + slot_ttl), slot)
+    redis.call('PEXPIRE', KEYS[5], string.format('%d', slot_ttl))
+  end
+end
+return {refused, tat, current, previous, today}
+";
+
+fn admit_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(ADMIT_LUA))
+}
+
+/// Counters in one Redis, shared by every instance pointed at it. Connects on first use and
+/// reconnects by itself (the crate's `ConnectionManager`); every call gives up after
+/// `CALL_TIMEOUT`.
+pub struct RedisStore {
+    /// `Err` when the URL did not parse: every call then fails, so `on_error` decides.
+    client: Result<Client, String>,
+    /// Set on the first successful connection; until then each call tries to connect.
+    conn: OnceCell<ConnectionManager>,
+    /// The URL's password, scrubbed from any error text before it leaves this module.
+    password: Option<String>,
+}
+
+impl RedisStore {
+    /// A store for `url` (`redis://[user:password@]host[:port][/db]`, or `rediss://`). Does not
+    /// connect: startup never waits for Redis. A URL that does not parse makes every call fail;
+    /// `open` reports it at once instead.
+    pub fn new(url: &str) -> Self {
+        match Client::open(url) {
+            Ok(client) => {
+                let password = client.get_connection_info().redis.password.clone();
+                Self {
+                    client: Ok(client),
+                    conn: OnceCell::new(),
+                    password,
+                }
+            }
+            // The parser's message is kept, the URL (which may hold a password) is not.
+            Err(e) => Self {
+                client: Err(format!("the Redis URL is invalid ({})", e.category())),
+                conn: OnceCell::new(),
+                password: None,
+            },
+        }
+    }
+
+    /// Like `new`, but an unparsable URL is an error now rather than on every call.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let store = Self::new(url);
+        match &store.client {
+            Ok(_) => Ok(store),
+            Err(e) => Err(StoreError(e.clone())),
+        }
+    }
+
+    pub async fn admit(
+        &self,
+        key: &str,
+        limits: &KeyLimits,
+        slot: &str,
+        now_ms: u64,
+    ) -> Result<Verdict, StoreError> {
+        let minute = now_ms / MINUTE_MS;
+        let day = now_ms / DAY_MS;
+        let unset = -1_i64;
+        let signed = |v: Option<u64>| v.map_or(unset, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        let (t, burst) = match limits.rpm {
+            Some(rpm) => (signed(Some(emission_ms(rpm))), i64::from((rpm / 10).max(1))),
+            None => (unset, unset),
+        };
+        let mut call = admit_script().prepare_invoke();
+        call.key(keys::tat(key))
+            .key(keys::minute(key, minute))
+            // Minute 0 has no previous one: `wrapping_sub` names a bucket never charged.
+            .key(keys::minute(key, minute.wrapping_sub(1)))
+            .key(keys::day(key, day))
+            .key(keys::slots(key))
+            .arg(now_ms)
+            .arg(slot)
+            .arg(t)
+            .arg(burst)
+            .arg(signed(limits.tpm))
+            .arg(signed(limits.daily_tokens))
+            .arg(signed(limits.max_concurrent.map(u64::from)))
+            .arg(MINUTE_MS - now_ms % MINUTE_MS)
+            .arg(SLOT_TTL_MS)
+            .arg(TAT_SLACK_MS);
+        let reply: Vec<i64> = self
+            .bounded(|mut conn| async move { call.invoke_async(&mut conn).await })
+            .await?;
+        let &[refused, tat, current, previous, today] = reply.as_slice() else {
+            return Err(StoreError(format!(
+                "the admission script answered {} values, not 5",
+                reply.len()
+            )));
+        };
+        let count = |v: i64| u64::try_from(v).unwrap_or(0);
+        verdict(
+            limits,
+            refused,
+            count(tat),
+            count(current),
+            count(previous),
+            count(today),
+            now_ms,
+        )
+    }
+
+    /// Adds `tokens` to the key's minute and day in one MULTI/EXEC round trip.
+    pub async fn charge(&self, key: &str, tokens: u64, now_ms: u64) -> Result<(), StoreError> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        let minute = keys::minute(key, now_ms / MINUTE_MS);
+        let day = keys::day(key, now_ms / DAY_MS);
+        let mut pipe = ::redis::pipe();
+        pipe.atomic()
+            .incr(&minute, tokens)
+            .ignore()
+            .pexpire(&minute, ttl(MINUTE_BUCKET_TTL_MS))
+            .ignore()
+            .incr(&day, tokens)
+            .ignore()
+            .pexpire(&day, ttl(DAY_BUCKET_TTL_MS))
+            .ignore();
+        self.bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+            .await
+    }
+
+    /// Gives back a concurrency slot; one that already expired is no error.
+    pub async fn release(&self, key: &str, slot: &str) -> Result<(), StoreError> {
+        let mut cmd = ::redis::cmd("ZREM");
+        cmd.arg(keys::slots(key)).arg(slot);
+        self.bounded(|mut conn| async move { cmd.query_async::<()>(&mut conn).await })
+            .await
+    }
+
+    /// Runs one request on the connection (connecting first if need be) within `CALL_TIMEOUT`.
+    async fn bounded<T, F, Fut>(&self, request: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
+    {
+        let work = async {
+            let conn = self.connection().await?;
+            request(conn).await.map_err(|e| self.error(&e))
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, work).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError(format!(
+                "Redis did not answer within {} ms",
+                CALL_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+
+    /// The shared connection, made on first use. A failed first connection is tried again by
+    /// the next call; after that the manager reconnects by itself.
+    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        let client = self.client.as_ref().map_err(|e| StoreError(e.clone()))?;
+        let conn = self
+            .conn
+            .get_or_try_init(|| async {
+                // One connection attempt, no backoff: while Redis is down a refused connection
+                // then fails a call at once (rather than after a backoff of sleeps, which every
+                // request would wait out), and the next call's attempt finds a Redis that came
+                // back. Calls share the attempt in flight, so a burst of them is one attempt.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(CALL_TIMEOUT)
+                    .set_response_timeout(CALL_TIMEOUT)
+                    .set_number_of_retries(0);
+                ConnectionManager::new_with_config(client.clone(), config)
+                    .await
+                    .map_err(|e| self.error(&e))
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    /// A Redis error as a `StoreError`, with the password (should the server or the crate
+    /// ever echo it) scrubbed.
+    fn error(&self, e: &::redis::RedisError) -> StoreError {
+        let mut text = format!("Redis: {e}");
+        if let Some(password) = self.password.as_deref().filter(|p| !p.is_empty()) {
+            text = text.replace(password, "***");
+        }
+        StoreError(text)
+    }
+}
+
+/// The verdict from the script's reply, with the same helpers and waits as the local store.
+fn verdict(
+    limits: &KeyLimits,
+    refused: i64,
+    tat_ms: u64,
+    current: u64,
+    previous: u64,
+    today: u64,
+    now_ms: u64,
+) -> Result<Verdict, StoreError> {
+    let refused = match refused {
+        0 => None,
+        1 => {
+            // The TAT is unchanged by a refusal, so GCRA at it says again how long to wait.
+            let rpm = limits.rpm.unwrap_or(1);
+            let wait = gcra(tat_ms, rpm, now_ms).err().unwrap_or(0);
+            Some((Limit::Rpm, wait))
+        }
+        2 => Some((Limit::Tpm, MINUTE_MS - now_ms % MINUTE_MS)),
+        3 => Some((Limit::DailyTokens, until_midnight_ms(now_ms))),
+        4 => Some((Limit::MaxConcurrent, 1000)),
+        other => {
+            return Err(StoreError(format!(
+                "the admission script answered refusal code {other}"
+            )))
+        }
+    };
+    let used = tokens_in_window(current, previous, now_ms);
+    Ok(Verdict {
+        refused,
+        requests: limits.rpm.map(|rpm| requests_window(tat_ms, rpm, now_ms)),
+        tokens: limits.tpm.map(|tpm| tokens_window(used, tpm, now_ms)),
+        daily: limits.daily_tokens.map(|d| (today, d)),
+    })
+}
+
+/// A TTL in milliseconds as Redis takes it.
+fn ttl(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// Key names. The gateway key between braces is the cluster hash tag.
+mod keys {
+    pub fn tat(key: &str) -> String {
+        format!("modelgate:{{{key}}}:tat")
+    }
+
+    pub fn minute(key: &str, minute: u64) -> String {
+        format!("modelgate:{{{key}}}:m:{minute}")
+    }
+
+    pub fn day(key: &str, day: u64) -> String {
+        format!("modelgate:{{{key}}}:d:{day}")
+    }
+
+    pub fn slots(key: &str) -> String {
+        format!("modelgate:{{{key}}}:slots")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        assert_eq!(keys::tat("team-a"), "modelgate:{team-a}:tat");
+        assert_eq!(keys::minute("team-a", 7), "modelgate:{team-a}:m:7");
+        assert_eq!(keys::day("team-a", 3), "modelgate:{team-a}:d:3");
+        assert_eq!(keys::slots("team-a"), "modelgate:{team-a}:slots");
+    }
+
+    #[test]
+    fn a_bad_url_fails_without_echoing_it() {
+        let url = "redis://user:hunter2@[not a host";
+        let Err(e) = RedisStore::open(url) else {
+            unreachable!("the URL is invalid");
+        };
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_redis_fails_within_the_timeout() {
+        // Port 1 on localhost: nothing listens, the connection is refused at once.
+        let store = RedisStore::new("redis://:hunter2@127.0.0.1:1/");
+        let start = std::time::Instant::now();
+        let e = store
+            .admit("k", &KeyLimits::default(), "s", 0)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!e.is_empty(), "the call failed");
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+}
