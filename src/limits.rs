@@ -133,10 +133,8 @@ impl Limiter {
         };
         let store = redis.clone();
         let key = key.to_owned();
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "a charge or release must not hold the client's response; the store's timeout ends it"
-        )]
+        // Detached on purpose: a charge or release must not hold the client's response, and the
+        // store's own timeout ends it.
         handle.spawn(async move {
             if let Err(e) = f(store, key.clone()).await {
                 tracing::warn!(key = %key, error = %e, "a limit update was lost: the store is unreachable");

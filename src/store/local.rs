@@ -66,10 +66,8 @@ impl LocalStore {
                     Err(wait) => refused = Some((Limit::Rpm, wait)),
                 }
             }
-            if refused.is_none() {
-                if limits.tpm.is_some_and(|tpm| used >= tpm) {
-                    refused = Some((Limit::Tpm, MINUTE_MS - now_ms % MINUTE_MS));
-                }
+            if refused.is_none() && limits.tpm.is_some_and(|tpm| used >= tpm) {
+                refused = Some((Limit::Tpm, MINUTE_MS - now_ms % MINUTE_MS));
             }
             if refused.is_none() && limits.daily_tokens.is_some_and(|d| today >= d) {
                 refused = Some((Limit::DailyTokens, until_midnight_ms(now_ms)));
