@@ -926,28 +926,6 @@ fn kubernetes_manifests_agree_with_the_config() {
     );
 }
 
-/// The config keys another branch adds (gateway.md §11). Until `modelgate check` knows them, the
-/// check runs on the config without them, and only then.
-const PENDING_KEYS: [&str; 5] = ["store", "rpm", "tpm", "max_concurrent", "daily_tokens"];
-
-fn without_pending_keys(text: &str) -> String {
-    let mut out = String::new();
-    let mut in_store = false;
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with('[') {
-            in_store = t.starts_with("[store]");
-        }
-        let key = t.split('=').next().unwrap().trim();
-        if in_store || (t.contains('=') && PENDING_KEYS.contains(&key)) {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
 #[test]
 fn modelgate_check_accepts_the_deploy_config_with_the_example_secrets() {
     let cfg = Config::load();
@@ -977,44 +955,12 @@ fn modelgate_check_accepts_the_deploy_config_with_the_example_secrets() {
     };
 
     let out = check(&root().join("deploy/modelgate.toml"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        let table = String::from_utf8(out.stdout).unwrap();
-        assert!(table.starts_with("MODEL"), "{table}");
-        assert!(table.contains("demo-chat"), "{table}");
-        return;
-    }
-    // Tolerated: only errors about the §11 keys not known yet, every one of them such.
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("  "))
-        .map(str::trim)
-        .collect();
-    let pending = |e: &&str| {
-        e.starts_with("store: unknown key")
-            || (e.starts_with("keys[")
-                && PENDING_KEYS[1..]
-                    .iter()
-                    .any(|k| e.contains(&format!("unknown field `{k}`"))))
-    };
-    assert!(
-        !errors.is_empty() && errors.iter().all(pending),
-        "modelgate check failed:\n{stderr}"
-    );
-    eprintln!(
-        "note: modelgate check does not know [store] / per-key limits yet; checking the rest:\n{stderr}"
-    );
-    let dir = std::env::temp_dir().join(format!("modelgate-deploy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let stripped = dir.join("modelgate.toml");
-    std::fs::write(&stripped, without_pending_keys(&cfg.text)).unwrap();
-    let out = check(&stripped);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
-        "modelgate check failed on the config without [store] and the per-key limits:\n{}",
+        "modelgate check failed on deploy/modelgate.toml:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("MODEL"), "{table}");
     assert!(table.contains("demo-chat"), "{table}");
 }
