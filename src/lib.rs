@@ -33,6 +33,7 @@ pub mod json;
 pub mod limits;
 pub mod metrics;
 pub mod mock;
+pub mod observe;
 pub mod passthrough;
 pub mod pipeline;
 pub mod plan;

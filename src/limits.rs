@@ -21,6 +21,24 @@ pub struct Limiter {
 }
 
 impl Limiter {
+    /// Renders `modelgate_rate_limited_total{key}` and the store-failure counter.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        self.refused.render(
+            out,
+            "modelgate_rate_limited_total",
+            "key",
+            "Requests refused by a per-key limit.",
+        );
+        let _ = writeln!(out, "# HELP modelgate_store_errors_total Limit checks that could not reach the store and let the request through.");
+        let _ = writeln!(out, "# TYPE modelgate_store_errors_total counter");
+        let _ = writeln!(
+            out,
+            "modelgate_store_errors_total {}",
+            self.store_errors.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
+
     pub fn new(settings: &StoreSettings) -> Self {
         let store = match &settings.redis_url {
             Some(url) => match url.header_value().to_str() {
@@ -43,9 +61,9 @@ impl Limiter {
     pub async fn admit(
         self: &Arc<Self>,
         key: &Principal,
+        limits: KeyLimits,
         slot: &str,
     ) -> Result<Admission, Refusal> {
-        let limits = key.limits;
         if limits.is_unlimited() {
             return Ok(Admission::default());
         }
