@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Address, AddressSet, Key};
+use crate::config::{Address, AddressSet, Key, KeyLimits};
 use crate::error::{ErrorKind, GatewayError};
 use crate::route::NamePattern;
 
@@ -16,6 +16,7 @@ pub struct Principal {
     pub name: String,
     pub addresses: AddressSet,
     pub models: Vec<NamePattern>,
+    pub limits: KeyLimits,
 }
 
 impl Principal {
@@ -53,6 +54,7 @@ impl KeyStore {
                         name: k.name.clone(),
                         addresses: k.addresses,
                         models: k.models.clone(),
+                        limits: k.limits,
                     }),
                 )
             })

@@ -299,6 +299,125 @@ where
 }
 
 pin_project! {
+    /// A chat event stream with its usage-only chunk (`"choices":[]` with `usage`) taken out:
+    /// the gateway asked the upstream for usage the client did not ask for. Complete events
+    /// go on as soon as they are in; a partial one waits for its end.
+    pub struct StripUsage<B> {
+        #[pin]
+        inner: B,
+        pending: Vec<u8>,
+        done: bool,
+    }
+}
+
+impl<B> StripUsage<B> {
+    pub fn new(inner: B) -> Self {
+        Self {
+            inner,
+            pending: Vec::new(),
+            done: false,
+        }
+    }
+}
+
+/// True for a chat chunk that only carries usage.
+fn usage_only(event: &[u8]) -> bool {
+    if memchr::memmem::find(event, b"\"usage\"").is_none() {
+        return false;
+    }
+    let text = String::from_utf8_lossy(event);
+    let data: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim_start)
+        .collect::<Vec<_>>()
+        .join("\n");
+    serde_json::from_str::<serde_json::Value>(&data).is_ok_and(|v| {
+        v.get("choices")
+            .and_then(|c| c.as_array())
+            .is_some_and(Vec::is_empty)
+            && v.get("usage").is_some_and(serde_json::Value::is_object)
+    })
+}
+
+/// The end of the last complete event in `buf` (after its blank line), if any.
+fn complete_end(buf: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::rfind(buf, b"\n\n").map(|i| i + 2);
+    let crlf = memchr::memmem::rfind(buf, b"\r\n\r\n").map(|i| i + 4);
+    lf.max(crlf)
+}
+
+/// `bytes` without its usage-only events.
+fn without_usage(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let end = memchr::memmem::find(rest, b"\n\n").map_or(rest.len(), |i| i + 2);
+        let (event, tail) = rest.split_at(end);
+        if !usage_only(event) {
+            out.extend_from_slice(event);
+        }
+        rest = tail;
+    }
+    out
+}
+
+impl<B> HttpBody for StripUsage<B>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            if *this.done {
+                return Poll::Ready(None);
+            }
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let Some(data) = frame.data_ref() else {
+                        return Poll::Ready(Some(Ok(frame)));
+                    };
+                    // The common frame: whole events, no usage. It goes on untouched.
+                    if this.pending.is_empty()
+                        && complete_end(data) == Some(data.len())
+                        && memchr::memmem::find(data, b"\"usage\"").is_none()
+                    {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    this.pending.extend_from_slice(data);
+                    let Some(end) = complete_end(this.pending) else {
+                        continue;
+                    };
+                    let out = without_usage(&this.pending[..end]);
+                    this.pending.drain(..end);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    *this.done = true;
+                    let out = without_usage(&std::mem::take(this.pending));
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+pin_project! {
     /// A body that holds a value until it is dropped: the end of the response for whoever
     /// counts it (a target's requests in flight).
     pub struct Guarded<B, G> {
@@ -338,6 +457,26 @@ impl<B: HttpBody, G> HttpBody for Guarded<B, G> {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn the_usage_chunk_is_taken_out_whatever_the_frames() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n";
+        let want = "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\ndata: [DONE]\n\n";
+        for size in [1, 7, 40, stream.len()] {
+            let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = stream
+                .as_bytes()
+                .chunks(size)
+                .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+                .collect();
+            let inner = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+            let got = StripUsage::new(inner).collect().await.map(|c| c.to_bytes());
+            assert_eq!(
+                got.ok().as_deref(),
+                Some(want.as_bytes()),
+                "frames of {size}"
+            );
+        }
+    }
 
     #[tokio::test]
     async fn a_prepended_frame_comes_first_and_counts_in_the_length() {

@@ -43,7 +43,7 @@ impl ThinkingStyle {
 }
 
 /// A secret header value; never printed.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret(HeaderValue);
 
 impl Secret {
@@ -281,6 +281,7 @@ pub struct Key {
     pub plaintext: Option<String>,
     pub addresses: AddressSet,
     pub models: Vec<NamePattern>,
+    pub limits: KeyLimits,
 }
 
 /// A key's share of the upstreams (gateway.md §11); `None` is unlimited.
@@ -294,6 +295,35 @@ pub struct KeyLimits {
     pub max_concurrent: Option<u32>,
     /// Input plus output tokens per UTC day.
     pub daily_tokens: Option<u64>,
+}
+
+impl KeyLimits {
+    pub fn is_unlimited(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether replies must be read for their usage.
+    pub fn counts_tokens(&self) -> bool {
+        self.tpm.is_some() || self.daily_tokens.is_some()
+    }
+}
+
+/// What a request gets while the shared store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Served, with a warning and a metric: limits lapse rather than the service.
+    Allow,
+    /// Refused with 503 `store_unavailable`.
+    Deny,
+}
+
+/// `[store]`: where shared state lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// The Redis (or Valkey) URL, read from `redis_url_env`; `None` keeps state in this process.
+    pub redis_url: Option<Secret>,
+    pub redis_url_env: Option<String>,
+    pub on_error: OnStoreError,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,6 +372,7 @@ pub struct Config {
     /// SHA-256 over the TLS files' paths and contents: a reload compares it to see a change.
     pub tls_fingerprint: Option<[u8; 32]>,
     pub limits: Limits,
+    pub store: StoreSettings,
     pub video: VideoSettings,
     pub keys: Vec<Key>,
     pub upstreams: Vec<Arc<Upstream>>,
@@ -407,6 +438,9 @@ impl Config {
         }
         if self.limits != next.limits {
             out.push("limits");
+        }
+        if self.store != next.store {
+            out.push("store");
         }
         out
     }

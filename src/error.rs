@@ -76,6 +76,8 @@ pub enum ErrorKind {
     UpstreamUnreachable,
     UpstreamBadResponse,
     UpstreamTimeout,
+    /// The shared store is unreachable and `[store] on_error = "deny"`.
+    StoreUnavailable,
     Internal,
 }
 
@@ -91,6 +93,7 @@ impl ErrorKind {
             Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable | Self::UpstreamBadResponse => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -100,7 +103,7 @@ impl ErrorKind {
             Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
                 Side::Upstream
             }
-            Self::Internal => Side::Internal,
+            Self::Internal | Self::StoreUnavailable => Side::Internal,
             _ => Side::Client,
         }
     }
@@ -119,7 +122,7 @@ impl ErrorKind {
             Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
                 "upstream_error"
             }
-            Self::Internal => "server_error",
+            Self::Internal | Self::StoreUnavailable => "server_error",
         }
     }
 
@@ -137,6 +140,7 @@ impl ErrorKind {
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamBadResponse => "upstream_bad_response",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::StoreUnavailable => "store_unavailable",
             Self::Internal => "internal_error",
         }
     }
@@ -151,6 +155,7 @@ impl ErrorKind {
             Self::TooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
             Self::UpstreamTimeout => "timeout_error",
+            Self::StoreUnavailable => "overloaded_error",
             Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::Internal => "api_error",
         }
     }
@@ -166,6 +171,7 @@ impl ErrorKind {
             Self::TooLarge => (100413, "TOO_LARGE"),
             Self::RateLimited => (100429, "RATE_LIMITED"),
             Self::Internal => (100500, "INTERNAL_ERROR"),
+            Self::StoreUnavailable => (100503, "SERVICE_UNAVAILABLE"),
             Self::UpstreamUnreachable | Self::UpstreamBadResponse => (100502, "UPSTREAM_ERROR"),
             Self::UpstreamTimeout => (100504, "UPSTREAM_TIMEOUT"),
         }

@@ -1,6 +1,9 @@
-//! What every request shares for the life of the process: the pooled upstream client, the metrics and the limits.
+//! What every request shares for the life of the process: the pooled upstream client, the metrics, the limits and the per-key limiter.
+
+use std::sync::Arc;
 
 use crate::config::{Config, Limits};
+use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::upstream::UpstreamClient;
 
@@ -9,6 +12,8 @@ pub struct Services {
     pub client: UpstreamClient,
     pub metrics: Metrics,
     pub limits: Limits,
+    /// Per-key limits; its counters outlive reloads, so a key that stays keeps its count.
+    pub limiter: Arc<Limiter>,
 }
 
 impl Services {
@@ -17,6 +22,7 @@ impl Services {
             client: UpstreamClient::new(&config.limits),
             metrics: Metrics::default(),
             limits: config.limits,
+            limiter: Arc::new(Limiter::new(&config.store)),
         }
     }
 }

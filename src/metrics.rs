@@ -98,3 +98,48 @@ impl Metrics {
         out
     }
 }
+
+/// A counter per label value; values come from the config (key or model names), so the set
+/// stays bounded whatever clients send.
+#[derive(Debug, Default)]
+pub struct Counters {
+    by_label: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Counters {
+    pub fn add(&self, label: &str, n: u64) {
+        let mut map = self
+            .by_label
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match map.get_mut(label) {
+            Some(v) => *v += n,
+            None => {
+                map.insert(label.to_owned(), n);
+            }
+        }
+    }
+
+    pub fn get(&self, label: &str) -> u64 {
+        self.by_label
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(label)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Appends `name{label="…"} n` lines, with HELP and TYPE.
+    pub fn render(&self, out: &mut String, name: &str, label: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let map = self
+            .by_label
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (value, n) in map.iter() {
+            let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "{name}{{{label}=\"{escaped}\"}} {n}");
+        }
+    }
+}

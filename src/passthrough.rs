@@ -7,15 +7,17 @@ use crate::json::{self, raw_literal, RawObject};
 use crate::validate::ChatChecked;
 
 /// The chat body to send upstream: the client's bytes when nothing needs editing. `rename` is
-/// the model name to write when the target knows the model by another name.
+/// the model name to write when the target knows the model by another name; `edited` says
+/// `obj` was already changed.
 pub fn chat_body(
     original: &Bytes,
     mut obj: RawObject<'_>,
+    edited: bool,
     rename: Option<&str>,
     target: &Target,
     checked: &ChatChecked,
 ) -> Bytes {
-    if rename.is_none() && checked.thinking.is_none() {
+    if rename.is_none() && checked.thinking.is_none() && !edited {
         return original.clone();
     }
     if let Some(name) = rename {
@@ -25,6 +27,17 @@ pub fn chat_body(
         write_thinking(&mut obj, target, on, checked.max_tokens);
     }
     Bytes::from(obj.to_vec())
+}
+
+/// Sets `stream_options.include_usage` to true, keeping the client's other stream options.
+pub fn ask_for_usage(obj: &mut RawObject<'_>) {
+    let text = obj
+        .remove("stream_options")
+        .map(|raw| raw.get().to_owned())
+        .unwrap_or_else(|| "{}".to_owned());
+    let mut opts = RawObject::parse(text.as_bytes()).unwrap_or_default();
+    opts.set("include_usage", raw_literal("true"));
+    obj.set("stream_options", opts.to_raw());
 }
 
 /// Removes the client's thinking switches and writes the one the model's upstream understands.

@@ -14,10 +14,13 @@ use arc_swap::ArcSwap;
 use crate::attempt::{InFlight, Selector};
 use crate::auth::Principal;
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
+use crate::config::KeyLimits;
 use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::json::RawObject;
+use crate::limits::Hold;
+use crate::observe::{Metered, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -73,6 +76,8 @@ struct Ctx {
     attempts: u32,
     /// `upstream outcome time` per attempt, for the access log.
     tries: String,
+    /// Headers every answer carries, refusals included (`x-ratelimit-*`, `retry-after`).
+    extra_headers: Vec<(http::HeaderName, HeaderValue)>,
 }
 
 impl Ctx {
@@ -178,6 +183,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         upstream: None,
         attempts: 0,
         tries: String::new(),
+        extra_headers: Vec::new(),
     };
     let ep = endpoint(address, &path);
     let shape = ep.map_or(address_shape(address), Endpoint::shape);
@@ -222,6 +228,9 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         "request"
     );
     let headers = resp.headers_mut();
+    for (name, value) in ctx.extra_headers {
+        headers.insert(name, value);
+    }
     if let Some(up) = ctx.upstream.and_then(|u| HeaderValue::try_from(u).ok()) {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
         headers.insert(
@@ -251,7 +260,11 @@ async fn dispatch(
         Endpoint::Health => Ok(text(StatusCode::OK, "ok\n")),
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
-        Endpoint::Metrics => Ok(text(StatusCode::OK, gw.services.metrics.render())),
+        Endpoint::Metrics => {
+            let mut out = gw.services.metrics.render();
+            gw.services.limiter.render_metrics(&mut out);
+            Ok(text(StatusCode::OK, out))
+        }
         Endpoint::Video => video(gw, rt, req, ctx).await,
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
@@ -277,6 +290,15 @@ async fn video(
                 .authenticate(&parts.headers, Address::Video, false)?,
         );
     }
+    // Video creation counts against the key's requests per minute; a task has no tokens.
+    let mut _hold = Hold::default();
+    if let (VideoEndpoint::Create, Some(key)) = (ep, ctx.key.clone()) {
+        let limits = KeyLimits {
+            rpm: key.limits.rpm,
+            ..KeyLimits::default()
+        };
+        _hold = admit(gw, &key, limits, ctx).await?;
+    }
     let bytes = match ep {
         VideoEndpoint::Create => {
             Some(read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?)
@@ -291,6 +313,26 @@ async fn video(
         body: bytes.as_ref(),
     };
     rt.video.handle(&gw.services, &rt.models, ep, call).await
+}
+
+/// Admits the request under its key's limits; the answer's headers go on the response either way.
+async fn admit(
+    gw: &Gateway,
+    key: &Principal,
+    limits: KeyLimits,
+    ctx: &mut Ctx,
+) -> Result<Hold, GatewayError> {
+    let slot = ctx.request_id.to_str().unwrap_or("request");
+    match gw.services.limiter.admit(key, limits, slot).await {
+        Ok(mut admission) => {
+            ctx.extra_headers = std::mem::take(&mut admission.headers);
+            Ok(admission.take_hold())
+        }
+        Err(refusal) => {
+            ctx.extra_headers = refusal.headers;
+            Err(refusal.error)
+        }
+    }
 }
 
 /// `POST /v1/chat/completions`, `/v1/messages`, `/v1/responses`.
@@ -320,7 +362,9 @@ async fn llm(
             format!("the model {client_model:?} is a video model; use the video address"),
         ));
     }
+    let mut hold = admit(gw, &principal, principal.limits, ctx).await?;
     let mut plan = Plan::new(protocol, &bytes, obj, &model, &client_model)?;
+    plan.needs_usage = hold.wants_usage();
     let mut chain = vec![(model.clone(), client_model.clone())];
     for name in &model.fallbacks {
         match rt.models.resolve(name, address) {
@@ -333,7 +377,18 @@ async fn llm(
         }
     }
     let mut selector = Selector::new(chain);
-    attempts(gw, rt, &mut plan, &mut selector, &parts.headers, ctx).await
+    let resp = attempts(
+        gw,
+        rt,
+        &mut plan,
+        &mut selector,
+        &parts.headers,
+        &mut hold,
+        ctx,
+    )
+    .await?;
+    // The concurrency slot is held until the response's last byte.
+    Ok(resp.map(|b| BodyExt::boxed(body::Guarded::new(b, hold))))
 }
 
 /// An attempt that failed in a way another attempt could mend, kept to answer with if it is the last.
@@ -353,6 +408,7 @@ async fn attempts(
     plan: &mut Plan<'_>,
     selector: &mut Selector,
     headers: &HeaderMap,
+    hold: &mut Hold,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
     let model = selector.model().clone();
@@ -435,6 +491,16 @@ async fn attempts(
                             status.to_string(),
                             started.elapsed(),
                         );
+                        let resp = match hold.meter.take() {
+                            Some(meter) if ok => {
+                                let reader = UsageReader::new(
+                                    encoded.protocol,
+                                    is_event_stream(resp.headers()),
+                                );
+                                resp.map(|b| BodyExt::boxed(Metered::new(b, reader, meter)))
+                            }
+                            _ => resp,
+                        };
                         let resp = respond(resp, gw.services.limits, encoded.reply).await?;
                         return Ok(with_guard(resp, inflight));
                     }
@@ -544,7 +610,14 @@ async fn respond(
     reply: Reply,
 ) -> Result<Response<Body>, GatewayError> {
     match reply {
-        Reply::Passthrough(guard) => Ok(wrap_response(resp, limits, guard)),
+        Reply::Passthrough { guard, strip_usage } => {
+            let resp = wrap_response(resp, limits, guard);
+            Ok(if strip_usage && is_event_stream(resp.headers()) {
+                resp.map(|b| BodyExt::boxed(body::StripUsage::new(b)))
+            } else {
+                resp
+            })
+        }
         Reply::Translated(t) => translated_response(resp, limits, &t).await,
     }
 }

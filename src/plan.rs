@@ -21,12 +21,19 @@ pub struct Plan<'b> {
     chat: Option<ChatChecked>,
     /// The IR, made the first time a target of another protocol is tried.
     decoded: Option<Result<Decoded, GatewayError>>,
+    /// The key's limits count tokens, so every reply must report its usage.
+    pub needs_usage: bool,
 }
 
 /// How the reply to an encoded request comes back to the client.
 pub enum Reply {
     /// Same protocol: bytes forwarded, a stream guarded so a break still ends it properly.
-    Passthrough(StreamGuard),
+    /// `strip_usage`: the gateway asked a chat stream for its usage on its own account, so
+    /// the usage-only chunk the client did not ask for is taken out.
+    Passthrough {
+        guard: StreamGuard,
+        strip_usage: bool,
+    },
     /// Another protocol: translated back, JSON at once or a stream frame by frame.
     Translated(Box<Translation>),
 }
@@ -64,6 +71,7 @@ impl<'b> Plan<'b> {
             obj,
             chat,
             decoded: None,
+            needs_usage: false,
         })
     }
 
@@ -80,9 +88,20 @@ impl<'b> Plan<'b> {
         let name = target.model_name(model_name);
         if protocol == self.client {
             let rename = (name != self.client_model).then_some(name);
+            let mut strip_usage = false;
             let body = match (&self.chat, self.client) {
                 (Some(checked), Protocol::Chat) => {
-                    passthrough::chat_body(self.bytes, self.obj.clone(), rename, target, checked)
+                    // A chat stream reports usage only when asked; limits need it.
+                    strip_usage = self.needs_usage && checked.stream && !checked.include_usage;
+                    let mut obj = self.obj.clone();
+                    if strip_usage {
+                        passthrough::ask_for_usage(&mut obj);
+                    }
+                    let checked = ChatChecked {
+                        include_usage: checked.include_usage || strip_usage,
+                        ..*checked
+                    };
+                    passthrough::chat_body(self.bytes, obj, strip_usage, rename, target, &checked)
                 }
                 _ => passthrough::rename_model(self.bytes, self.obj.clone(), rename),
             };
@@ -95,7 +114,7 @@ impl<'b> Plan<'b> {
             return Ok(Encoded {
                 protocol,
                 body,
-                reply: Reply::Passthrough(guard),
+                reply: Reply::Passthrough { guard, strip_usage },
             });
         }
         let (client, bytes, client_model) = (self.client, self.bytes, self.client_model);

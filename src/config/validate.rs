@@ -48,6 +48,17 @@ struct RawKey {
     key_env: Option<String>,
     addresses: Option<Vec<String>>,
     models: Option<Vec<String>>,
+    rpm: Option<u32>,
+    tpm: Option<u64>,
+    max_concurrent: Option<u32>,
+    daily_tokens: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    redis_url_env: Option<String>,
+    on_error: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +128,7 @@ const TOP_KEYS: &[&str] = &[
     "limits",
     "retry",
     "health",
+    "store",
     "video",
     "keys",
     "upstreams",
@@ -210,6 +222,10 @@ pub(super) fn parse(
         .remove("health")
         .and_then(|v| section(v, "health", &mut errors))
         .unwrap_or_default();
+    let raw_store: RawStore = table
+        .remove("store")
+        .and_then(|v| section(v, "store", &mut errors))
+        .unwrap_or_default();
     let raw_video: RawVideo = table
         .remove("video")
         .and_then(|v| section(v, "video", &mut errors))
@@ -243,6 +259,7 @@ pub(super) fn parse(
     });
     let limits = validate_limits(&raw_limits, &mut errors);
     let video = validate_video(raw_video, env, &mut errors);
+    let store = validate_store(raw_store, env, &mut errors);
     let upstreams = validate_upstreams(raw_upstreams, env, &mut errors);
     let defaults = Defaults {
         retry: validate_retry(&raw_retry, RetryPolicy::default(), "retry", &mut errors),
@@ -263,6 +280,7 @@ pub(super) fn parse(
             tls,
             tls_fingerprint,
             limits,
+            store,
             video,
             keys,
             upstreams,
@@ -402,6 +420,57 @@ fn validate_video(
             || "https://storage.googleapis.com".to_owned(),
             |u| u.trim_end_matches('/').to_owned(),
         ),
+    }
+}
+
+fn validate_store(
+    raw: RawStore,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Errors,
+) -> StoreSettings {
+    let on_error = match raw.on_error.as_deref() {
+        None | Some("allow") => OnStoreError::Allow,
+        Some("deny") => OnStoreError::Deny,
+        Some(other) => {
+            errors.push(
+                "store.on_error",
+                format!("unknown value {other:?}; allowed: allow, deny"),
+            );
+            OnStoreError::Allow
+        }
+    };
+    let redis_url = raw.redis_url_env.as_deref().and_then(|var| {
+        let url = env_secret(env, var, "store.redis_url_env".to_owned(), errors)?;
+        if !(url.starts_with("redis://")
+            || url.starts_with("rediss://")
+            || url.starts_with("redis+unix://")
+            || url.starts_with("unix://"))
+        {
+            // The value is a secret (it may hold a password): name the variable, not the URL.
+            errors.push(
+                "store.redis_url_env",
+                format!("the value of {var} must be a redis://, rediss:// or unix:// URL"),
+            );
+            return None;
+        }
+        match HeaderValue::try_from(url) {
+            Ok(mut v) => {
+                v.set_sensitive(true);
+                Some(Secret(v))
+            }
+            Err(_) => {
+                errors.push(
+                    "store.redis_url_env",
+                    format!("the value of {var} is not a valid URL"),
+                );
+                None
+            }
+        }
+    });
+    StoreSettings {
+        redis_url,
+        redis_url_env: raw.redis_url_env,
+        on_error,
     }
 }
 
@@ -1065,6 +1134,19 @@ fn validate_keys(
                 .filter_map(|(j, p)| parse_pattern(p, format!("{path}.models[{j}]"), errors))
                 .collect(),
         };
+        for (field, zero) in [
+            ("rpm", k.rpm == Some(0)),
+            ("tpm", k.tpm == Some(0)),
+            ("max_concurrent", k.max_concurrent == Some(0)),
+            ("daily_tokens", k.daily_tokens == Some(0)),
+        ] {
+            if zero {
+                errors.push(
+                    format!("{path}.{field}"),
+                    "must be greater than 0 (leave it out for no limit)",
+                );
+            }
+        }
         if let Some(digest) = digest {
             out.push(Key {
                 name: k.name,
@@ -1072,6 +1154,12 @@ fn validate_keys(
                 plaintext,
                 addresses,
                 models,
+                limits: KeyLimits {
+                    rpm: k.rpm,
+                    tpm: k.tpm,
+                    max_concurrent: k.max_concurrent,
+                    daily_tokens: k.daily_tokens,
+                },
             });
         }
     }
