@@ -1,4 +1,4 @@
-//! The Redis store against a real `redis-server` started by each test on a free port: the store contract, one limit shared by two instances, and a Redis killed and restarted.
+//! The Redis store against a real `redis-server` started by each test on a free port: the store contract, one limit shared by two store instances and by two gateways, and a Redis killed and restarted under each.
 //!
 //! `redis-server` must be installed (`.ci/run` installs Debian's when it is missing); without
 //! it these tests fail rather than pass untested.
@@ -10,13 +10,16 @@
     reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
 )]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use modelgate::config::KeyLimits;
+use common::{chat_body, client, config, FakeUpstream, Reply, TestGateway};
+use modelgate::config::{Address, KeyLimits};
 use modelgate::store::{contract, Limit, RedisStore, Store};
 
 /// A `redis-server` of the test's own, killed when dropped.
@@ -302,4 +305,185 @@ async fn a_store_made_while_redis_is_down_connects_when_it_comes_up() {
     redis.restart();
     let v = store.admit("k", &rpm(60), "s", now_ms()).await.unwrap();
     assert_eq!(v.refused, None);
+}
+
+// ---- Through the gateway: two in-process gateways on one Redis. ----
+
+/// A gateway config with one chat upstream at `upstream`, a key `sk-limited` with rpm 60 (a
+/// burst of 6), and the store in the Redis that `MODELGATE_REDIS_URL` names.
+fn gateway_config(upstream: &str, on_error: &str) -> String {
+    config(
+        upstream,
+        &format!(
+            r#"
+[store]
+redis_url_env = "MODELGATE_REDIS_URL"
+on_error = "{on_error}"
+
+[[keys]]
+name = "limited"
+key = "sk-limited"
+rpm = 60
+
+[[upstreams]]
+name = "up"
+kind = "chat"
+base_url = "{{UPSTREAM}}/v1"
+
+[[models]]
+name = "m"
+upstream = "up"
+retry = {{ attempts = 1 }}
+"#
+        ),
+    )
+}
+
+async fn gateway(upstream: &str, on_error: &str, redis: &RedisServer) -> TestGateway {
+    TestGateway::start_with_env(
+        &gateway_config(upstream, on_error),
+        &[("MODELGATE_REDIS_URL", &redis.url())],
+    )
+    .await
+}
+
+fn ok_reply() -> Reply {
+    Reply::json(
+        200,
+        serde_json::json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
+    )
+}
+
+async fn chat(gw: &TestGateway) -> reqwest::Response {
+    client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth("sk-limited")
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Sends requests alternately to `gws` until the shared burst of 6 is spent, checking the
+/// 429s that follow from every instance.
+async fn spend_the_burst_across(gws: &[&TestGateway], already: usize) {
+    for i in already..6 {
+        let resp = chat(gws[i % gws.len()]).await;
+        assert_eq!(resp.status(), 200, "request {i} of the burst");
+        assert_eq!(header(&resp, "x-ratelimit-limit-requests"), Some("60"));
+    }
+    for gw in gws {
+        let resp = chat(gw).await;
+        assert_eq!(resp.status(), 429, "the burst is spent on every instance");
+        assert_eq!(header(&resp, "retry-after"), Some("1"));
+        assert_eq!(header(&resp, "x-ratelimit-limit-requests"), Some("60"));
+        assert_eq!(header(&resp, "x-ratelimit-remaining-requests"), Some("54"));
+        assert!(header(&resp, "x-ratelimit-reset-requests").is_some());
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    }
+}
+
+#[tokio::test]
+async fn two_gateways_on_one_redis_enforce_one_rpm_limit() {
+    let redis = RedisServer::start();
+    let up = FakeUpstream::start(|_| ok_reply()).await;
+    let a = gateway(&up.url(), "deny", &redis).await;
+    let b = gateway(&up.url(), "deny", &redis).await;
+    spend_the_burst_across(&[&a, &b], 0).await;
+    assert_eq!(
+        up.seen().len(),
+        6,
+        "refused requests never reach the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_redis_lets_on_error_decide_and_limits_resume_when_it_is_back() {
+    let mut redis = RedisServer::start();
+    let up = FakeUpstream::start(|_| ok_reply()).await;
+    let allow = gateway(&up.url(), "allow", &redis).await;
+    let deny = gateway(&up.url(), "deny", &redis).await;
+    // Connected, and counting.
+    assert_eq!(chat(&allow).await.status(), 200);
+
+    redis.kill();
+    for _ in 0..8 {
+        // More than the burst: nothing is counted while the store is away.
+        let start = Instant::now();
+        let resp = chat(&allow).await;
+        assert_eq!(resp.status(), 200, "on_error = allow serves");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            start.elapsed()
+        );
+    }
+    let start = Instant::now();
+    let resp = chat(&deny).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(resp.status(), 503, "on_error = deny refuses");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    let served = up.seen().len();
+    let metrics = client()
+        .get(allow.url(Address::Admin, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("modelgate_store_errors_total 8"),
+        "each request let through is counted:\n{metrics}"
+    );
+
+    // Back (empty: it keeps nothing on disk). The first call may still see the old failure
+    // while the connection is remade; the deny instance says when it is through.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp = chat(&deny).await;
+        if resp.status() == 200 {
+            break;
+        }
+        assert_eq!(resp.status(), 503);
+        assert!(Instant::now() < deadline, "limits not back 5 s after Redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One of the fresh burst is spent; the allow instance's connection comes back too.
+    spend_the_burst_across_after_reconnect(&allow, &deny).await;
+    assert!(up.seen().len() > served);
+}
+
+/// After a restart the allow instance may need a call to notice its old connection is gone,
+/// and such a call is let through uncounted; then both share the burst again.
+async fn spend_the_burst_across_after_reconnect(allow: &TestGateway, deny: &TestGateway) {
+    // Requests through `allow` until it is counted again: the deny instance sees its count.
+    let mut spent = 1; // the deny instance's request that got through
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp = chat(allow).await;
+        assert_eq!(resp.status(), 200);
+        if resp.headers().contains_key("x-ratelimit-limit-requests") {
+            spent += 1;
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the allow instance never reconnected"
+        );
+    }
+    spend_the_burst_across(&[deny, allow], spent).await;
 }
