@@ -61,10 +61,11 @@ local slot_ttl = tonumber(ARGV[9])
 local tat_slack = tonumber(ARGV[10])
 local minute_ms = 60000
 
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-local previous = tonumber(redis.call('GET', KEYS[3]) or '0')
-local today = tonumber(redis.call('GET', KEYS[4]) or '0')
+local got = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+local tat = tonumber(got[1] or '0')
+local current = tonumber(got[2] or '0')
+local previous = tonumber(got[3] or '0')
+local today = tonumber(got[4] or '0')
 local used = current + math.floor(previous * weight / minute_ms)
 
 local refused = 0
