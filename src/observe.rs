@@ -304,12 +304,18 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.reader.feed(data);
+                }
+                // The last frame of a body that knows its length: the reader is done now, and
+                // the record may be written before another poll comes.
+                if !*this.done && this.inner.is_end_stream() {
+                    *this.done = true;
+                    settle(this.reader, this.cell, this.meter);
                 }
             }
             Poll::Ready(None) if !*this.done => {
