@@ -76,8 +76,12 @@ impl Capabilities {
             return Err(GatewayError::invalid(
                 field,
                 format!(
-                    "`{field}` cannot be served by this model's upstream ({}): it has no stop sequences",
-                    upstream.name()
+                    "`{field}` cannot be served by this model's upstream ({}): {}",
+                    upstream.name(),
+                    match upstream {
+                        Protocol::Responses => "the Responses API has no stop sequences",
+                        _ => "it has no stop sequences",
+                    }
                 ),
             ));
         }
