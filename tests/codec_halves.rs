@@ -616,6 +616,37 @@ fn lenient_reading_matches_a_value_tree() {
     assert_eq!(r.temperature, None);
 }
 
+/// A messages client's tool input becomes the arguments text a `Value` would write (compact,
+/// keys sorted), whether or not the fast path that skips the tree applies.
+#[test]
+fn tool_inputs_become_canonical_arguments() {
+    let inputs = [
+        r#"{}"#,
+        r#"{"city":"Paris"}"#,
+        r#"{ "city" : "Paris" , "days" : [ 1, 2 ,3 ] }"#,
+        r#"{"unit":"c","city":"Paris"}"#,
+        r#"{"a":{"z":null,"b":[true,false,{"y":1,"x":-2}]},"b":"é ü"}"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"n":1.50,"m":1e3,"k":-0,"j":12345678901234567890,"i":-123456789012345678}"#,
+        r#"{"s":"tab\tquote\"slash\/u\u00e9"}"#,
+        r#"{"s":"\ud83d\ude00","t":[]}"#,
+        "{\n  \"city\": \"Paris\"\n}",
+        "[1, \"x\", null]",
+    ];
+    for input in inputs {
+        let body = format!(
+            r#"{{"max_tokens": 5, "messages": [{{"role": "assistant", "content": [
+                {{"type": "tool_use", "id": "t", "name": "f", "input": {input}}}]}}]}}"#
+        );
+        let r = translate::decode_request(Protocol::Messages, body.as_bytes()).unwrap();
+        let want = serde_json::from_str::<Value>(input).unwrap().to_string();
+        match &r.messages[0].content[0] {
+            Part::ToolCall { arguments, .. } => assert_eq!(arguments, &want, "{input}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 // === IR → wire ===
 
 /// A conversation with every kind of part, tools and sampling fields.

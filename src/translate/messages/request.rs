@@ -164,8 +164,148 @@ fn image_from(
 fn arguments_of(input: Raw<'_>) -> String {
     match input.0 {
         None => "{}".to_owned(),
-        Some(raw) => serde_json::from_str::<Value>(raw.get())
-            .map_or_else(|_| raw.get().to_owned(), |v| v.to_string()),
+        Some(raw) => Canonical::of(raw.get()).unwrap_or_else(|| {
+            serde_json::from_str::<Value>(raw.get())
+                .map_or_else(|_| raw.get().to_owned(), |v| v.to_string())
+        }),
+    }
+}
+
+/// The text `Value::to_string` would write for valid JSON, found without building the tree when
+/// that is only a matter of dropping whitespace: keys already sorted and unique, no escapes, no
+/// numbers but small integers. Anything else answers `None` and goes through a `Value`.
+struct Canonical<'a> {
+    s: &'a [u8],
+    at: usize,
+    out: Vec<u8>,
+}
+
+impl<'a> Canonical<'a> {
+    fn of(text: &'a str) -> Option<String> {
+        let mut c = Self {
+            s: text.as_bytes(),
+            at: 0,
+            out: Vec::with_capacity(text.len()),
+        };
+        c.value()?;
+        c.space();
+        if c.at != c.s.len() {
+            return None;
+        }
+        String::from_utf8(c.out).ok()
+    }
+
+    fn space(&mut self) {
+        while self
+            .s
+            .get(self.at)
+            .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            self.at += 1;
+        }
+    }
+
+    /// Copies the next byte if it is `b`.
+    fn expect(&mut self, b: u8) -> Option<()> {
+        self.space();
+        (self.s.get(self.at) == Some(&b)).then(|| {
+            self.out.push(b);
+            self.at += 1;
+        })
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.space();
+        self.s.get(self.at).copied()
+    }
+
+    /// A string without escapes, copied; its contents are returned for key ordering.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.expect(b'"')?;
+        let start = self.at;
+        let len = self.s[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\')?;
+        let body = &self.s[start..start + len];
+        if self.s[start + len] == b'\\' {
+            return None;
+        }
+        self.out.extend_from_slice(body);
+        self.out.push(b'"');
+        self.at = start + len + 1;
+        Some(body)
+    }
+
+    fn value(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'{' => {
+                self.expect(b'{')?;
+                if self.expect(b'}').is_some() {
+                    return Some(());
+                }
+                let mut previous: Option<&[u8]> = None;
+                loop {
+                    let key = self.string()?;
+                    // `Value` keeps keys sorted and one of each: any other order is rewritten.
+                    if previous.is_some_and(|p| p >= key) {
+                        return None;
+                    }
+                    previous = Some(key);
+                    self.expect(b':')?;
+                    self.value()?;
+                    if self.expect(b',').is_none() {
+                        return self.expect(b'}');
+                    }
+                }
+            }
+            b'[' => {
+                self.expect(b'[')?;
+                if self.expect(b']').is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.value()?;
+                    if self.expect(b',').is_none() {
+                        return self.expect(b']');
+                    }
+                }
+            }
+            b'"' => self.string().map(|_| ()),
+            b't' | b'f' | b'n' => {
+                let len = self.s[self.at..]
+                    .iter()
+                    .position(|b| !b.is_ascii_alphabetic())
+                    .unwrap_or(self.s.len() - self.at);
+                let word = &self.s[self.at..self.at + len];
+                if !matches!(word, b"true" | b"false" | b"null") {
+                    return None;
+                }
+                self.out.extend_from_slice(word);
+                self.at += len;
+                Some(())
+            }
+            _ => {
+                let len = self.s[self.at..]
+                    .iter()
+                    .position(|b| !(b.is_ascii_digit() || *b == b'-'))
+                    .unwrap_or(self.s.len() - self.at);
+                let number = &self.s[self.at..self.at + len];
+                let digits = number.strip_prefix(b"-").unwrap_or(number);
+                // Fractions, exponents, `-0` and integers that may not fit 64 bits are rewritten.
+                let next = self.s.get(self.at + len);
+                if digits.is_empty()
+                    || digits.len() > 18
+                    || (digits[0] == b'0' && (digits.len() > 1 || number.len() > digits.len()))
+                    || !digits.iter().all(u8::is_ascii_digit)
+                    || matches!(next, Some(b'.' | b'e' | b'E'))
+                {
+                    return None;
+                }
+                self.out.extend_from_slice(number);
+                self.at += len;
+                Some(())
+            }
+        }
     }
 }
 
@@ -741,4 +881,28 @@ pub fn ir_to_request(
         metadata: r.user.as_deref().map(|user_id| MetadataOut { user_id }),
     };
     Ok((encoded(&out)?, UpstreamContext { json_mode }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Canonical;
+
+    #[test]
+    fn the_fast_path_takes_only_what_it_can_write_exactly() {
+        assert_eq!(
+            Canonical::of(r#" { "a" : [1, -2, "x"], "b" : {"c": null} } "#).as_deref(),
+            Some(r#"{"a":[1,-2,"x"],"b":{"c":null}}"#)
+        );
+        for other in [
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":1,"a":1}"#,
+            r#"{"a":1.0}"#,
+            r#"{"a":1e2}"#,
+            r#"{"a":-0}"#,
+            r#"{"a":12345678901234567890}"#,
+            r#"{"a":"\n"}"#,
+        ] {
+            assert_eq!(Canonical::of(other), None, "{other}");
+        }
+    }
 }
