@@ -1,7 +1,7 @@
 //! OpenAI Responses ⇄ IR: client requests in, upstream requests out, replies and stream events both ways.
 
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::common::*;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
@@ -193,18 +193,44 @@ fn response_object(
         ("incomplete", _) => json!({"reason": "max_output_tokens"}),
         _ => Value::Null,
     };
-    json!({
-        "id": id, "object": "response", "created_at": created, "status": status, "error": null,
-        "incomplete_details": incomplete, "instructions": echoed(&echo.instructions, Value::Null),
-        "max_output_tokens": echoed(&echo.max_output_tokens, Value::Null),
-        "model": model, "output": output, "parallel_tool_calls": echoed(&echo.parallel_tool_calls, json!(true)),
-        "previous_response_id": null,
-        "reasoning": {"effort": echoed(&echo.effort, Value::Null), "summary": echoed(&echo.summary, Value::Null)},
-        "store": false, "temperature": echoed(&echo.temperature, Value::Null),
-        "text": {"format": {"type": "text"}}, "tool_choice": echoed(&echo.tool_choice, json!("auto")),
-        "tools": echoed(&echo.tools, json!([])), "top_p": echoed(&echo.top_p, Value::Null),
-        "truncation": "disabled", "usage": usage.map(usage_json), "metadata": {},
-    })
+    // Built by moving values in: `json!` would copy `output` and every echoed field once more.
+    let fields = [
+        ("id", Value::from(id)),
+        ("object", "response".into()),
+        ("created_at", created.into()),
+        ("status", status.into()),
+        ("error", Value::Null),
+        ("incomplete_details", incomplete),
+        ("instructions", echoed(&echo.instructions, Value::Null)),
+        (
+            "max_output_tokens",
+            echoed(&echo.max_output_tokens, Value::Null),
+        ),
+        ("model", model.into()),
+        ("output", Value::Array(output)),
+        (
+            "parallel_tool_calls",
+            echoed(&echo.parallel_tool_calls, Value::Bool(true)),
+        ),
+        ("previous_response_id", Value::Null),
+        (
+            "reasoning",
+            Value::Object(Map::from_iter([
+                ("effort".to_owned(), echoed(&echo.effort, Value::Null)),
+                ("summary".to_owned(), echoed(&echo.summary, Value::Null)),
+            ])),
+        ),
+        ("store", Value::Bool(false)),
+        ("temperature", echoed(&echo.temperature, Value::Null)),
+        ("text", json!({"format": {"type": "text"}})),
+        ("tool_choice", echoed(&echo.tool_choice, "auto".into())),
+        ("tools", echoed(&echo.tools, Value::Array(Vec::new()))),
+        ("top_p", echoed(&echo.top_p, Value::Null)),
+        ("truncation", "disabled".into()),
+        ("usage", usage.map_or(Value::Null, usage_json)),
+        ("metadata", Value::Object(Map::new())),
+    ];
+    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
 fn status_of(f: &Finish) -> &'static str {
