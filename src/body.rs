@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{ErrorKind, GatewayError};
+use crate::observe::Fate;
 
 pub use crate::boxed::{empty, full, Body, BoxError};
 
@@ -134,6 +135,7 @@ pin_project! {
         tail: Tail,
         terminal_seen: bool,
         done: bool,
+        fate: Option<Fate>,
     }
 }
 
@@ -147,7 +149,14 @@ impl<B> UpstreamBody<B> {
             tail: Tail::default(),
             terminal_seen: false,
             done: false,
+            fate: None,
         }
+    }
+
+    /// Tells the request's record how the body failed, if it does.
+    pub fn with_fate(mut self, fate: Fate) -> Self {
+        self.fate = Some(fate);
+        self
     }
 }
 
@@ -216,6 +225,13 @@ where
         };
         *this.done = true;
         tracing::warn!(error = %failure, "upstream body failed");
+        if let Some(fate) = this.fate.as_ref() {
+            if failure.kind == ErrorKind::UpstreamTimeout {
+                fate.timeout();
+            } else {
+                fate.upstream_error();
+            }
+        }
         match this.guard {
             StreamGuard::None => Poll::Ready(Some(Err(Box::new(failure)))),
             guard => {

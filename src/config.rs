@@ -317,6 +317,24 @@ pub enum OnStoreError {
     Deny,
 }
 
+/// How log lines are written: `text` for people, `json` (one object per line) for collectors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "text" => Some(Self::Text),
+            "json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+}
+
 /// `[store]`: where shared state lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSettings {
@@ -373,6 +391,7 @@ pub struct Config {
     pub tls_fingerprint: Option<[u8; 32]>,
     pub limits: Limits,
     pub store: StoreSettings,
+    pub log_format: LogFormat,
     pub video: VideoSettings,
     pub keys: Vec<Key>,
     pub upstreams: Vec<Arc<Upstream>>,

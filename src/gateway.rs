@@ -10,7 +10,7 @@ use crate::upstream::UpstreamClient;
 /// Process-wide services, handed to whatever talks to an upstream (the LLM path and video).
 pub struct Services {
     pub client: UpstreamClient,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     pub limits: Limits,
     /// Per-key limits; its counters outlive reloads, so a key that stays keeps its count.
     pub limiter: Arc<Limiter>,
@@ -18,11 +18,12 @@ pub struct Services {
 
 impl Services {
     pub fn new(config: &Config) -> Self {
+        let metrics = Arc::new(Metrics::new());
         Self {
             client: UpstreamClient::new(&config.limits),
-            metrics: Metrics::default(),
+            limiter: Arc::new(Limiter::new(&config.store, &metrics)),
+            metrics,
             limits: config.limits,
-            limiter: Arc::new(Limiter::new(&config.store)),
         }
     }
 }

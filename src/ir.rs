@@ -1,6 +1,7 @@
 //! The canonical representation every translation goes through: requests, replies, stream events and errors, with nothing protocol-specific.
 
-use serde_json::Value;
+use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 
 /// A conversation request, as all three protocols understand it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -17,11 +18,47 @@ pub struct Request {
     pub top_k: Option<u64>,
     pub stop: Vec<String>,
     pub stream: bool,
-    /// The client asked for usage in the stream (chat's `stream_options.include_usage`).
-    pub include_usage: bool,
     pub thinking: Option<Thinking>,
     pub response_format: Option<ResponseFormat>,
     pub user: Option<String>,
+}
+
+/// JSON text carried through untouched (a schema), compared by its text: the gateway never
+/// looks inside, so it never pays for a tree.
+#[derive(Debug, Clone)]
+pub struct RawJson(pub Box<RawValue>);
+
+impl RawJson {
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    pub fn as_raw(&self) -> &RawValue {
+        &self.0
+    }
+
+    /// Raw JSON text has no leading whitespace, so its first byte says what it is.
+    pub fn is_object(&self) -> bool {
+        self.get().starts_with('{')
+    }
+}
+
+impl From<&RawValue> for RawJson {
+    fn from(raw: &RawValue) -> Self {
+        Self(raw.to_owned())
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +140,7 @@ pub struct Tool {
     pub name: String,
     pub description: Option<String>,
     /// JSON Schema of the arguments (an object schema).
-    pub parameters: Value,
+    pub parameters: RawJson,
     pub strict: Option<bool>,
 }
 
@@ -130,7 +167,7 @@ pub enum ResponseFormat {
     JsonSchema {
         name: String,
         description: Option<String>,
-        schema: Value,
+        schema: RawJson,
         strict: Option<bool>,
     },
 }

@@ -4,21 +4,29 @@
 //!
 //! ```text
 //! server      accept TCP (TLS by rustls), HTTP/1.1 + HTTP/2, graceful shutdown
-//!  └─ pipeline     the stages below in order; the one place an error becomes a response
+//!  └─ pipeline     auth → read → route → limit → plan → attempts → respond; the one place an
+//!       │          error becomes a response, for every address (video included)
+//!       ├─ routing      keys, models, targets' state: one ArcSwap, read once per request
+//!       │               (`reload` swaps it on SIGHUP or a file change)
 //!       ├─ auth         Bearer / x-api-key → Principal, looked up by SHA-256 digest
 //!       ├─ route        address + model name → configured Model (exact, then longest prefix*)
-//!       ├─ validate     the interface's rules, before anything goes upstream
-//!       ├─ passthrough  same protocol: targeted edits (model, thinking switch), bytes otherwise kept
+//!       ├─ limits       per-key rpm / tpm / concurrency / daily tokens, over `store`
+//!       ├─ plan         validate once (`validate`); write the request for each target:
+//!       │               `passthrough` edits for the same protocol, `translate` via the IR else
+//!       ├─ attempt      which target each try goes to: strategies, health, budget, pauses
 //!       ├─ upstream     pooled hyper-util client over rustls; URL join, credential, header hygiene
-//!       ├─ translate    other protocol: client wire → IR → upstream wire, and back (replies, streams)
-//!       └─ body         the response body polled frame by frame: idle timeout, in-stream errors
-//! video       sibling of translate on the video address: create, look up, download; task ids
-//!             are signed (stateless), lookups go through a moka cache
+//!       ├─ body         upstream bodies polled frame by frame: idle timeout, in-stream errors
+//!       └─ observe      usage read as it passes; the record, access log and metrics at the end
+//! video       the video address: create, look up, download; handed an authenticated call by
+//!             the pipeline; task ids are signed (stateless), lookups go through a moka cache
 //! ```
 //!
-//! `config` turns the TOML file into the validated types every stage reads; `mock` is the
-//! built-in upstream; `json` keeps request bodies as raw values so unknown fields survive; `ir`
-//! is the canonical representation translation goes through; `sse` the event-stream codec.
+//! Leaves everyone reads: `domain` (protocols, addresses, kinds, name patterns), `config` (the
+//! TOML file as validated types), `error` over `boxed` (the body type), `gateway` (process-wide
+//! services: client, metrics, limiter), `ir` (the canonical representation translation goes
+//! through), `sse` (the event-stream codec), `json` (request bodies as raw values so unknown
+//! fields survive), `thinking` (one rule for thinking budgets). `mock` is the built-in upstream,
+//! a target like any other.
 
 pub mod attempt;
 pub mod auth;

@@ -3,43 +3,30 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::AtomicU64;
+
 use http::{HeaderName, HeaderValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use crate::auth::Principal;
 use crate::config::{KeyLimits, OnStoreError, StoreSettings};
 use crate::error::{ErrorKind, GatewayError};
+use crate::metrics::{KeyLabels, Metrics};
 use crate::store::{self, Limit, LocalStore, RedisStore, Store, Verdict, Window};
 
 /// The gateway's side of the limits: the store and what to do when it fails.
 pub struct Limiter {
     store: Store,
     on_error: OnStoreError,
-    /// Refusals by key name, for `/metrics`.
-    pub refused: crate::metrics::Counters,
+    /// Refusals by key name, for `/metrics` (a family shared with the registry).
+    refused: Family<KeyLabels, Counter>,
     /// Store failures that let a request through (`on_error = "allow"`).
-    pub store_errors: std::sync::atomic::AtomicU64,
+    store_errors: Counter<u64, AtomicU64>,
 }
 
 impl Limiter {
-    /// Renders `modelgate_rate_limited_total{key}` and the store-failure counter.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
-        self.refused.render(
-            out,
-            "modelgate_rate_limited_total",
-            "key",
-            "Requests refused by a per-key limit.",
-        );
-        let _ = writeln!(out, "# HELP modelgate_store_errors_total Limit checks that could not reach the store and let the request through.");
-        let _ = writeln!(out, "# TYPE modelgate_store_errors_total counter");
-        let _ = writeln!(
-            out,
-            "modelgate_store_errors_total {}",
-            self.store_errors.load(std::sync::atomic::Ordering::Relaxed)
-        );
-    }
-
-    pub fn new(settings: &StoreSettings) -> Self {
+    pub fn new(settings: &StoreSettings, metrics: &Metrics) -> Self {
         let store = match &settings.redis_url {
             Some(url) => match url.header_value().to_str() {
                 Ok(u) => Store::Redis(Arc::new(RedisStore::new(u))),
@@ -50,8 +37,8 @@ impl Limiter {
         Self {
             store,
             on_error: settings.on_error,
-            refused: crate::metrics::Counters::default(),
-            store_errors: std::sync::atomic::AtomicU64::new(0),
+            refused: metrics.rate_limited.clone(),
+            store_errors: metrics.store_errors.clone(),
         }
     }
 
@@ -72,8 +59,7 @@ impl Limiter {
             Err(e) => {
                 return match self.on_error {
                     OnStoreError::Allow => {
-                        self.store_errors
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.store_errors.inc();
                         tracing::warn!(key = %key.name, error = %e, "limits not enforced: the store is unreachable (on_error = allow)");
                         Ok(Admission::default())
                     }
@@ -92,7 +78,11 @@ impl Limiter {
         };
         let mut headers = window_headers(&verdict);
         if let Some((limit, wait_ms)) = verdict.refused {
-            self.refused.add(&key.name, 1);
+            self.refused
+                .get_or_create(&KeyLabels {
+                    key: key.name.clone(),
+                })
+                .inc();
             let secs = store::retry_after_secs(wait_ms);
             headers.push((http::header::RETRY_AFTER, HeaderValue::from(secs)));
             return Err(Refusal {

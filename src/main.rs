@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use modelgate::config::{Address, Config, UpstreamKind};
+use modelgate::config::{Address, Config, LogFormat, UpstreamKind};
 use modelgate::{auth, mock, reload, server};
 
 // Requests and translations make many small, short-lived allocations: under glibc's allocator
@@ -33,6 +33,10 @@ enum Command {
         /// Config file [default: $MODELGATE_CONFIG, else config/modelgate.toml]
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Log lines as `text` or `json` (one object per line) [default: the config's
+        /// `[log] format`, else text]
+        #[arg(long, value_parser = ["text", "json"])]
+        log_format: Option<String>,
     },
     /// Validate a config file and print the routing table (exit 1 with every error found).
     Check {
@@ -57,13 +61,26 @@ fn config_path(flag: Option<PathBuf>) -> PathBuf {
 }
 
 fn init_logging() {
+    init_logging_as(LogFormat::Text);
+}
+
+fn init_logging_as(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        // One object per line, the event's fields at the top level, for log collectors.
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        LogFormat::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
 }
 
 fn main() -> ExitCode {
@@ -71,9 +88,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::HashKey => hash_key(),
         Command::Check { config } => check(config_path(config)),
-        Command::Serve { config } => {
-            init_logging();
-            run(serve(config_path(config)))
+        Command::Serve { config, log_format } => {
+            let flag = log_format.as_deref().and_then(LogFormat::parse);
+            run(serve(config_path(config), flag))
         }
         Command::Mock {
             listen,
@@ -133,9 +150,16 @@ fn check(path: PathBuf) -> ExitCode {
     }
 }
 
-async fn serve(path: PathBuf) -> ExitCode {
+async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
+    let loaded = Config::load(&path);
+    // The flag wins over the file; the file is read first so its `[log]` applies from line one.
+    init_logging_as(
+        log_format
+            .or(loaded.as_ref().ok().map(|c| c.log_format))
+            .unwrap_or_default(),
+    );
     let signal = shutdown_signal();
-    let config = match Config::load(&path) {
+    let config = match loaded {
         Ok(c) => c,
         Err(errors) => {
             tracing::error!(config = %path.display(), "invalid config");

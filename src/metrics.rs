@@ -1,145 +1,199 @@
-//! Counters for `/metrics` in Prometheus text format: requests by address and status class, upstream calls, in-flight requests, config reloads.
+//! The `/metrics` families (Prometheus text): requests by model and outcome, durations, time to first byte, gaps between chunks, tokens, upstream attempts, requests in flight, refusals and reloads. Label values come from the config, never from a client.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use crate::config::Address;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub model: String,
+    pub upstream: String,
+    pub protocol: String,
+    pub status: u16,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub model: String,
+    pub upstream: String,
+    pub protocol: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChunkLabels {
+    pub model: String,
+    pub upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub model: String,
+    pub key: String,
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub upstream: String,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabels {
+    pub key: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// 1 ms to about 131 s, doubling: fine enough for a cached reply, long enough for a long answer.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+/// Every family, registered once; clones of a family share its values.
 pub struct Metrics {
-    /// `[address][status class 1..=5]`.
-    requests: [[AtomicU64; 5]; 4],
-    upstream_requests: AtomicU64,
-    upstream_failures: AtomicU64,
-    in_flight: AtomicI64,
-    reloads_ok: AtomicU64,
-    reloads_failed: AtomicU64,
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub duration: Histograms<RouteLabels>,
+    pub ttfb: Histograms<RouteLabels>,
+    pub inter_chunk: Histograms<ChunkLabels>,
+    pub tokens: Family<TokenLabels, Counter>,
+    pub attempts: Family<AttemptLabels, Counter>,
+    pub in_flight: Gauge,
+    pub in_flight_streams: Gauge,
+    pub rate_limited: Family<KeyLabels, Counter>,
+    pub store_errors: Counter<u64, AtomicU64>,
+    pub reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
-    pub fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn request_finished(&self, address: Address, status: u16) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let class = usize::from((status / 100).clamp(1, 5)) - 1;
-        self.requests[address as usize][class].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn upstream_call(&self, failed: bool) {
-        self.upstream_requests.fetch_add(1, Ordering::Relaxed);
-        if failed {
-            self.upstream_failures.fetch_add(1, Ordering::Relaxed);
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("modelgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by model, upstream, client protocol, status and outcome",
+            requests.clone(),
+        );
+        let duration: Histograms<RouteLabels> = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "From the request's arrival to its response's last byte",
+            duration.clone(),
+        );
+        let ttfb: Histograms<RouteLabels> = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "time_to_first_byte_seconds",
+            "From the request's arrival to the first body byte sent to the client",
+            ttfb.clone(),
+        );
+        let inter_chunk: Histograms<ChunkLabels> = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "inter_chunk_seconds",
+            "Gaps between body chunks sent to the client",
+            inter_chunk.clone(),
+        );
+        let tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "tokens",
+            "Tokens the upstreams reported, by model, key and direction",
+            tokens.clone(),
+        );
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "upstream_attempts",
+            "Requests sent to upstreams, by result (ok, 4xx, 429, 5xx, connect, timeout, error)",
+            attempts.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "in_flight_requests",
+            "Requests not finished yet (streams until their last byte)",
+            in_flight.clone(),
+        );
+        let in_flight_streams = Gauge::default();
+        registry.register(
+            "in_flight_streams",
+            "Event streams not finished yet",
+            in_flight_streams.clone(),
+        );
+        let rate_limited = Family::<KeyLabels, Counter>::default();
+        registry.register(
+            "rate_limited",
+            "Requests refused by a per-key limit",
+            rate_limited.clone(),
+        );
+        let store_errors: Counter<u64, AtomicU64> = Counter::default();
+        registry.register(
+            "store_errors",
+            "Limit checks that could not reach the store and let the request through",
+            store_errors.clone(),
+        );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Config reloads, applied (ok) or refused (error)",
+            reloads.clone(),
+        );
+        // Both results show from the start, so a scraper can alert on the first failure.
+        let _ = reloads.get_or_create(&ResultLabels { result: "ok" });
+        let _ = reloads.get_or_create(&ResultLabels { result: "error" });
+        Self {
+            registry,
+            requests,
+            duration,
+            ttfb,
+            inter_chunk,
+            tokens,
+            attempts,
+            in_flight,
+            in_flight_streams,
+            rate_limited,
+            store_errors,
+            reloads,
         }
     }
 
     pub fn config_reloaded(&self, ok: bool) {
-        let c = if ok {
-            &self.reloads_ok
-        } else {
-            &self.reloads_failed
-        };
-        c.fetch_add(1, Ordering::Relaxed);
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    pub fn attempt(&self, upstream: &str, result: &'static str) {
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                upstream: upstream.to_owned(),
+                result,
+            })
+            .inc();
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(1024);
-        out.push_str(
-            "# HELP modelgate_requests_total Requests answered, by address and status class.\n",
-        );
-        out.push_str("# TYPE modelgate_requests_total counter\n");
-        for a in [
-            Address::Base,
-            Address::TokenPlan,
-            Address::Video,
-            Address::Admin,
-        ] {
-            for (i, c) in self.requests[a as usize].iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "modelgate_requests_total{{address=\"{}\",status=\"{}xx\"}} {}",
-                    a.name(),
-                    i + 1,
-                    c.load(Ordering::Relaxed)
-                );
-            }
+        let mut out = String::with_capacity(8 * 1024);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+            out.push_str("# metrics could not be encoded\n");
         }
-        let _ = writeln!(out, "# TYPE modelgate_upstream_requests_total counter");
-        let _ = writeln!(
-            out,
-            "modelgate_upstream_requests_total {}",
-            self.upstream_requests.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "# TYPE modelgate_upstream_failures_total counter");
-        let _ = writeln!(
-            out,
-            "modelgate_upstream_failures_total {}",
-            self.upstream_failures.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP modelgate_config_reloads_total Config reloads, applied (ok) or refused (error)."
-        );
-        let _ = writeln!(out, "# TYPE modelgate_config_reloads_total counter");
-        for (result, c) in [("ok", &self.reloads_ok), ("error", &self.reloads_failed)] {
-            let _ = writeln!(
-                out,
-                "modelgate_config_reloads_total{{result=\"{result}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(out, "# TYPE modelgate_in_flight_requests gauge");
-        let _ = writeln!(
-            out,
-            "modelgate_in_flight_requests {}",
-            self.in_flight.load(Ordering::Relaxed)
-        );
         out
-    }
-}
-
-/// A counter per label value; values come from the config (key or model names), so the set
-/// stays bounded whatever clients send.
-#[derive(Debug, Default)]
-pub struct Counters {
-    by_label: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
-}
-
-impl Counters {
-    pub fn add(&self, label: &str, n: u64) {
-        let mut map = self
-            .by_label
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match map.get_mut(label) {
-            Some(v) => *v += n,
-            None => {
-                map.insert(label.to_owned(), n);
-            }
-        }
-    }
-
-    pub fn get(&self, label: &str) -> u64 {
-        self.by_label
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(label)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Appends `name{label="…"} n` lines, with HELP and TYPE.
-    pub fn render(&self, out: &mut String, name: &str, label: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let map = self
-            .by_label
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (value, n) in map.iter() {
-            let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "{name}{{{label}=\"{escaped}\"}} {n}");
-        }
     }
 }

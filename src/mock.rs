@@ -41,14 +41,14 @@ fn other_protocol(protocol: Protocol, body: &[u8], chunk_delay: Duration) -> Res
                 .into_response(shape)
         }
     };
-    let r = match translate::decode_request(protocol, &v) {
+    let r = match translate::decode_request(protocol, body) {
         Ok(r) => r,
         Err(e) => return e.into_response(shape),
     };
     let model = v.get("model").and_then(Value::as_str).unwrap_or("mock");
     let reply = decide(&chat_view(&r, model));
     let sign = protocol == Protocol::Messages;
-    let translation = translate::Translation::for_mock(protocol, model, &v);
+    let translation = translate::Translation::for_mock(protocol, model, body);
     if r.stream {
         let mut encoder = translation.stream_encoder();
         let mut chunks = VecDeque::new();

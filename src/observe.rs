@@ -1,7 +1,10 @@
-//! Reads the token usage out of an upstream reply as it passes, JSON or event stream, in any of the three protocols, without changing a byte, and hands it to the key's meter when the reply ends.
+//! Every request observed to its end: the usage read out of the upstream's reply as it passes (JSON or stream, any protocol, no byte changed), and the record of what the client got (time to first byte, duration, gaps, outcome) written to the access log and the metrics when the body ends, fails or the client leaves.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -10,7 +13,8 @@ use serde_json::Value;
 
 use crate::config::Protocol;
 use crate::limits::Meter;
-use crate::sse::{SseDecoder, SseEvent};
+use crate::metrics::{ChunkLabels, Metrics, RequestLabels, RouteLabels, TokenLabels};
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Tokens a reply reported.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,14 +48,15 @@ pub struct UsageReader {
 enum Kind {
     /// The last `JSON_TAIL` bytes of a JSON body.
     Json(Vec<u8>),
-    /// Events decoded as they come; only those mentioning usage are parsed.
-    Sse(SseDecoder, Vec<SseEvent>),
+    /// The bytes of an event not complete yet; only events mentioning usage are parsed, so a
+    /// stream costs a scan per frame and no allocation per event.
+    Sse(Vec<u8>),
 }
 
 impl UsageReader {
     pub fn new(protocol: Protocol, stream: bool) -> Self {
         let kind = if stream {
-            Kind::Sse(SseDecoder::new(), Vec::new())
+            Kind::Sse(Vec::new())
         } else {
             Kind::Json(Vec::new())
         };
@@ -71,14 +76,20 @@ impl UsageReader {
                     tail.drain(..cut);
                 }
             }
-            Kind::Sse(decoder, events) => {
-                decoder.feed(bytes, events);
-                for ev in events.drain(..) {
-                    if ev.data.contains("\"usage\"") {
-                        if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                            read_event(self.protocol, &v, &mut self.tokens);
-                        }
-                    }
+            Kind::Sse(partial) => {
+                if partial.is_empty() {
+                    let end = event_end(bytes);
+                    scan_events(self.protocol, &bytes[..end], &mut self.tokens);
+                    partial.extend_from_slice(&bytes[end..]);
+                } else {
+                    partial.extend_from_slice(bytes);
+                    let end = event_end(partial);
+                    scan_events(self.protocol, &partial[..end], &mut self.tokens);
+                    partial.drain(..end);
+                }
+                // A runaway event is an upstream's fault; usage is never that far into one.
+                if partial.len() > JSON_TAIL {
+                    partial.clear();
                 }
             }
         }
@@ -86,12 +97,50 @@ impl UsageReader {
 
     /// The usage seen, once the reply has ended (or been cut).
     pub fn finish(&mut self) -> Tokens {
-        if let Kind::Json(tail) = &self.kind {
-            if let Some(u) = last_usage(tail) {
-                read_usage(self.protocol, &u, &mut self.tokens);
+        match &mut self.kind {
+            Kind::Json(tail) => {
+                if let Some(u) = last_usage(tail) {
+                    read_usage(self.protocol, &u, &mut self.tokens);
+                }
+                tail.clear();
+            }
+            Kind::Sse(partial) => {
+                // A last event without its blank line still counts.
+                scan_events(self.protocol, partial, &mut self.tokens);
+                partial.clear();
             }
         }
         self.tokens
+    }
+}
+
+/// Where the complete events in `buf` end (after the last blank line), or 0.
+fn event_end(buf: &[u8]) -> usize {
+    let lf = memchr::memmem::rfind(buf, b"\n\n").map_or(0, |i| i + 2);
+    let crlf = memchr::memmem::rfind(buf, b"\r\n\r\n").map_or(0, |i| i + 4);
+    lf.max(crlf)
+}
+
+/// Reads the usage of every event in `events` (complete events) that mentions it.
+fn scan_events(protocol: Protocol, events: &[u8], tokens: &mut Tokens) {
+    let needle = b"\"usage\"";
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&events[from..], needle).map(|i| i + from) {
+        let start = memchr::memmem::rfind(&events[..at], b"\n\n").map_or(0, |i| i + 2);
+        let end = memchr::memmem::find(&events[at..], b"\n\n").map_or(events.len(), |i| at + i);
+        let mut data = String::new();
+        for line in String::from_utf8_lossy(&events[start..end]).lines() {
+            if let Some(d) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+            }
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&data) {
+            read_event(protocol, &v, tokens);
+        }
+        from = end.max(at + needle.len());
     }
 }
 
@@ -177,33 +226,69 @@ fn read_usage(protocol: Protocol, u: &Value, t: &mut Tokens) {
     }
 }
 
+/// Where the upstream side publishes the usage it read, for the record the client side writes.
+#[derive(Debug, Default)]
+pub struct TokenCell {
+    input: AtomicU64,
+    output: AtomicU64,
+    cached: AtomicU64,
+}
+
+impl TokenCell {
+    fn set(&self, t: Tokens) {
+        self.input.store(t.input, Ordering::Relaxed);
+        self.output.store(t.output, Ordering::Relaxed);
+        self.cached.store(t.cached, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Tokens {
+        Tokens {
+            input: self.input.load(Ordering::Relaxed),
+            output: self.output.load(Ordering::Relaxed),
+            cached: self.cached.load(Ordering::Relaxed),
+        }
+    }
+}
+
 pin_project! {
-    /// An upstream body passed on untouched while its usage is read; the key's meter is
-    /// charged when the body ends or is dropped (a client that leaves still pays for what
-    /// the upstream reported).
+    /// An upstream body passed on untouched while its usage is read. At its end (or when it
+    /// is dropped: a client that leaves still pays for what the upstream reported) the usage
+    /// goes to the record and, for a key with token limits, to its meter.
     pub struct Metered<B> {
         #[pin]
         inner: B,
         reader: UsageReader,
+        cell: Arc<TokenCell>,
         meter: Option<Meter>,
+        done: bool,
     }
 
     impl<B> PinnedDrop for Metered<B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(meter) = this.meter.take() {
-                meter.charge(this.reader.finish().total());
+            if !*this.done {
+                settle(this.reader, this.cell, this.meter);
             }
         }
     }
 }
 
+fn settle(reader: &mut UsageReader, cell: &TokenCell, meter: &mut Option<Meter>) {
+    let tokens = reader.finish();
+    cell.set(tokens);
+    if let Some(meter) = meter.take() {
+        meter.charge(tokens.total());
+    }
+}
+
 impl<B> Metered<B> {
-    pub fn new(inner: B, reader: UsageReader, meter: Meter) -> Self {
+    pub fn new(inner: B, reader: UsageReader, cell: Arc<TokenCell>, meter: Option<Meter>) -> Self {
         Self {
             inner,
             reader,
-            meter: Some(meter),
+            cell,
+            meter,
+            done: false,
         }
     }
 }
@@ -219,12 +304,301 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                this.reader.feed(data);
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.reader.feed(data);
+                }
+                // The last frame of a body that knows its length: the reader is done now, and
+                // the record may be written before another poll comes.
+                if !*this.done && this.inner.is_end_stream() {
+                    *this.done = true;
+                    settle(this.reader, this.cell, this.meter);
+                }
             }
+            Poll::Ready(None) if !*this.done => {
+                *this.done = true;
+                settle(this.reader, this.cell, this.meter);
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// How a response failed after its head, told by the body that saw it.
+#[derive(Debug, Clone, Default)]
+pub struct Fate(Arc<AtomicU8>);
+
+impl Fate {
+    const UPSTREAM_ERROR: u8 = 1;
+    const TIMEOUT: u8 = 2;
+
+    pub fn upstream_error(&self) {
+        let _ = self.0.compare_exchange(
+            0,
+            Self::UPSTREAM_ERROR,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn timeout(&self) {
+        let _ = self
+            .0
+            .compare_exchange(0, Self::TIMEOUT, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u8 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What one request was and did, completed when its response ends.
+#[derive(Debug)]
+pub struct Record {
+    pub request_id: http::HeaderValue,
+    pub address: &'static str,
+    pub method: http::Method,
+    pub path: String,
+    pub key: Option<String>,
+    /// The model name the client sent.
+    pub model: Option<String>,
+    /// The config entry that served it: the metrics' label, never a client's string.
+    pub model_entry: Option<String>,
+    pub upstream: Option<String>,
+    /// The client's protocol, for LLM requests.
+    pub protocol: &'static str,
+    pub attempts: u32,
+    pub tries: String,
+    pub status: u16,
+    pub started: Instant,
+    pub tokens: Arc<TokenCell>,
+    pub fate: Fate,
+}
+
+impl Record {
+    /// `ok | upstream_error | client_cancelled | timeout | refused` (gateway.md §12).
+    fn outcome(&self, ended: bool) -> &'static str {
+        match self.fate.get() {
+            Fate::TIMEOUT => return "timeout",
+            Fate::UPSTREAM_ERROR => return "upstream_error",
+            _ => {}
+        }
+        if !ended {
+            return "client_cancelled";
+        }
+        match self.status {
+            504 => "timeout",
+            s if s >= 400 && self.attempts == 0 => "refused",
+            s if s >= 400 => "upstream_error",
+            _ => "ok",
+        }
+    }
+}
+
+/// Writes the record to the access log and the metrics once the response is over.
+struct Finisher {
+    record: Record,
+    metrics: Arc<Metrics>,
+    stream: bool,
+    first_byte: Option<Instant>,
+    last_chunk: Option<Instant>,
+    chunks: u64,
+    gaps: Option<Histogram>,
+}
+
+impl Finisher {
+    fn chunk(&mut self, now: Instant) {
+        self.chunks += 1;
+        match self.last_chunk {
+            None => self.first_byte = Some(now),
+            Some(last) if self.stream => {
+                let r = &self.record;
+                let gaps = self.gaps.get_or_insert_with(|| {
+                    self.metrics
+                        .inter_chunk
+                        .get_or_create(&ChunkLabels {
+                            model: r.model_entry.clone().unwrap_or_default(),
+                            upstream: r.upstream.clone().unwrap_or_default(),
+                        })
+                        .clone()
+                });
+                gaps.observe(now.saturating_duration_since(last).as_secs_f64());
+            }
+            Some(_) => {}
+        }
+        self.last_chunk = Some(now);
+    }
+
+    fn finish(&mut self, ended: bool) {
+        let r = &self.record;
+        let outcome = r.outcome(ended);
+        let duration = r.started.elapsed();
+        let ttfb = self
+            .first_byte
+            .map(|t| t.saturating_duration_since(r.started));
+        let tokens = r.tokens.get();
+        let m = &self.metrics;
+        m.in_flight.dec();
+        if self.stream {
+            m.in_flight_streams.dec();
+        }
+        let model = r.model_entry.clone().unwrap_or_default();
+        let upstream = r.upstream.clone().unwrap_or_default();
+        let protocol = r.protocol.to_owned();
+        m.requests
+            .get_or_create(&RequestLabels {
+                model: model.clone(),
+                upstream: upstream.clone(),
+                protocol: protocol.clone(),
+                status: r.status,
+                outcome,
+            })
+            .inc();
+        let route = RouteLabels {
+            model: model.clone(),
+            upstream,
+            protocol,
+        };
+        m.duration
+            .get_or_create(&route)
+            .observe(duration.as_secs_f64());
+        if let Some(t) = ttfb {
+            m.ttfb.get_or_create(&route).observe(t.as_secs_f64());
+        }
+        if let Some(key) = &r.key {
+            for (direction, n) in [
+                ("input", tokens.input),
+                ("output", tokens.output),
+                ("cached", tokens.cached),
+            ] {
+                if n > 0 {
+                    m.tokens
+                        .get_or_create(&TokenLabels {
+                            model: model.clone(),
+                            key: key.clone(),
+                            direction,
+                        })
+                        .inc_by(n);
+                }
+            }
+        }
+        tracing::info!(
+            target: "modelgate::access",
+            request_id = r.request_id.to_str().unwrap_or("-"),
+            address = r.address,
+            method = %r.method,
+            path = %r.path,
+            key = r.key.as_deref(),
+            model = r.model.as_deref(),
+            upstream = r.upstream.as_deref(),
+            attempts = r.attempts,
+            tries = (!r.tries.is_empty()).then_some(r.tries.as_str()),
+            status = r.status,
+            outcome,
+            ttfb_ms = ttfb.map(|t| t.as_secs_f64() * 1000.0),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            chunks = self.chunks,
+            input_tokens = tokens.input,
+            output_tokens = tokens.output,
+            cached_tokens = tokens.cached,
+            "request"
+        );
+    }
+}
+
+pin_project! {
+    /// The body the client receives, watched to its end: the first byte, the gaps between
+    /// chunks, and how it ended. No task and no channel: it is polled by hyper like any body.
+    pub struct Observed<B> {
+        #[pin]
+        inner: B,
+        finisher: Option<Box<Finisher>>,
+    }
+
+    impl<B> PinnedDrop for Observed<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(mut f) = this.project().finisher.take() {
+                // Dropped before its end: the client left (or the connection broke).
+                f.finish(false);
+            }
+        }
+    }
+}
+
+impl<B> Observed<B> {
+    /// Counts the request in flight until the body is over; `stream` for an event stream.
+    pub fn new(inner: B, record: Record, metrics: Arc<Metrics>, stream: bool) -> Self {
+        metrics.in_flight.inc();
+        if stream {
+            metrics.in_flight_streams.inc();
+        }
+        Self {
+            inner,
+            finisher: Some(Box::new(Finisher {
+                record,
+                metrics,
+                stream,
+                first_byte: None,
+                last_chunk: None,
+                chunks: 0,
+                gaps: None,
+            })),
+        }
+    }
+}
+
+impl<B> HttpBody for Observed<B>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(f) = this.finisher.as_mut() {
+                    if frame.data_ref().is_some_and(|d| !d.is_empty()) {
+                        f.chunk(Instant::now());
+                    }
+                }
+                // A body that knows it is over may never be polled again: finish now, before
+                // the client can see its last byte.
+                if this.inner.is_end_stream() {
+                    if let Some(mut f) = this.finisher.take() {
+                        f.finish(true);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(mut f) = this.finisher.take() {
+                    f.record.fate.upstream_error();
+                    f.finish(true);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(mut f) = this.finisher.take() {
+                    f.finish(true);
+                }
+            }
+            Poll::Pending => {}
         }
         polled
     }

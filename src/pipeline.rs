@@ -20,7 +20,8 @@ use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::json::RawObject;
 use crate::limits::Hold;
-use crate::observe::{Metered, UsageReader};
+use crate::metrics::Metrics;
+use crate::observe::{Fate, Metered, Observed, Record, TokenCell, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -78,11 +79,33 @@ struct Ctx {
     tries: String,
     /// Headers every answer carries, refusals included (`x-ratelimit-*`, `retry-after`).
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// The model name the client sent.
+    client_model: Option<String>,
+    /// The client's protocol, for LLM requests.
+    protocol: &'static str,
+    /// Usage read from the upstream's reply.
+    tokens: Arc<TokenCell>,
+    /// Set by the response body when it fails after its head.
+    fate: Fate,
 }
 
 impl Ctx {
-    fn log_attempt(&mut self, upstream: &str, outcome: String, took: Duration) {
+    /// Notes one attempt for the access log and `modelgate_upstream_attempts_total`.
+    fn log_attempt(&mut self, metrics: &Metrics, upstream: &str, outcome: String, took: Duration) {
         use std::fmt::Write;
+        let result = match outcome.parse::<u16>() {
+            Ok(429) => "429",
+            Ok(s) if s >= 500 => "5xx",
+            Ok(s) if s >= 400 => "4xx",
+            Ok(_) => "ok",
+            Err(_) => match outcome.as_str() {
+                "connect" => "connect",
+                "timeout" => "timeout",
+                "5xx" => "5xx",
+                _ => "error",
+            },
+        };
+        metrics.attempt(upstream, result);
         if !self.tries.is_empty() {
             self.tries.push_str(", ");
         }
@@ -173,7 +196,6 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 /// Serves one request; never fails, every error is rendered here in the path's shape.
 pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
-    gw.services.metrics.request_started();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let mut ctx = Ctx {
@@ -184,6 +206,10 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         attempts: 0,
         tries: String::new(),
         extra_headers: Vec::new(),
+        client_model: None,
+        protocol: "",
+        tokens: Arc::default(),
+        fate: Fate::default(),
     };
     let ep = endpoint(address, &path);
     let shape = ep.map_or(address_shape(address), Endpoint::shape);
@@ -209,37 +235,42 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
             err.into_response(shape)
         }
     };
-    let status = resp.status();
-    gw.services
-        .metrics
-        .request_finished(address, status.as_u16());
-    tracing::info!(
-        request_id = ?ctx.request_id,
-        address = address.name(),
-        %method,
-        path,
-        status = status.as_u16(),
-        key = ctx.key.as_ref().map(|k| k.name.as_str()),
-        model = ctx.model.as_ref().map(|m| m.name.as_str()),
-        upstream = ctx.upstream.as_deref(),
-        attempts = ctx.attempts,
-        tries = (!ctx.tries.is_empty()).then_some(ctx.tries.as_str()),
-        head_us = started.elapsed().as_micros() as u64,
-        "request"
-    );
     let headers = resp.headers_mut();
     for (name, value) in ctx.extra_headers {
         headers.insert(name, value);
     }
-    if let Some(up) = ctx.upstream.and_then(|u| HeaderValue::try_from(u).ok()) {
+    if let Some(up) = ctx
+        .upstream
+        .as_deref()
+        .and_then(|u| HeaderValue::try_from(u).ok())
+    {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
         headers.insert(
             X_MODELGATE_ATTEMPTS.clone(),
             HeaderValue::from(ctx.attempts),
         );
     }
-    headers.insert(X_REQUEST_ID.clone(), ctx.request_id);
-    resp
+    headers.insert(X_REQUEST_ID.clone(), ctx.request_id.clone());
+    let stream = is_event_stream(resp.headers());
+    let record = Record {
+        request_id: ctx.request_id,
+        address: address.name(),
+        method,
+        path,
+        key: ctx.key.map(|k| k.name.clone()),
+        model: ctx.client_model,
+        model_entry: ctx.model.map(|m| m.name.clone()),
+        upstream: ctx.upstream,
+        protocol: ctx.protocol,
+        attempts: ctx.attempts,
+        tries: ctx.tries,
+        status: resp.status().as_u16(),
+        started,
+        tokens: ctx.tokens,
+        fate: ctx.fate,
+    };
+    let metrics = gw.services.metrics.clone();
+    resp.map(|b| BodyExt::boxed(Observed::new(b, record, metrics, stream)))
 }
 
 async fn dispatch(
@@ -251,7 +282,10 @@ async fn dispatch(
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
     match ep {
-        Endpoint::Llm(protocol) => llm(gw, rt, address, protocol, req, ctx).await,
+        Endpoint::Llm(protocol) => {
+            ctx.protocol = protocol.name();
+            llm(gw, rt, address, protocol, req, ctx).await
+        }
         Endpoint::Models => {
             let principal = rt.keys.authenticate(req.headers(), address, false)?;
             ctx.key = Some(principal.clone());
@@ -261,11 +295,19 @@ async fn dispatch(
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
         Endpoint::Metrics => {
-            let mut out = gw.services.metrics.render();
-            gw.services.limiter.render_metrics(&mut out);
-            Ok(text(StatusCode::OK, out))
+            let mut resp = text(StatusCode::OK, gw.services.metrics.render());
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            Ok(resp)
         }
-        Endpoint::Video => video(gw, rt, req, ctx).await,
+        Endpoint::Video => {
+            ctx.protocol = "video";
+            video(gw, rt, req, ctx).await
+        }
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
             let bytes =
@@ -352,6 +394,7 @@ async fn llm(
     let bytes = read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
     let obj = parse_object(&bytes)?;
     let client_model = validate::model_name(&obj)?.into_owned();
+    ctx.client_model = Some(client_model.clone());
     let model = rt.models.resolve(&client_model, address)?.clone();
     ctx.model = Some(model.clone());
     principal.check_model(&client_model)?;
@@ -463,7 +506,12 @@ async fn attempts(
                     unhealthy(rt);
                 }
                 if class.is_some_and(|c| policy_retries(&policy, c)) {
-                    ctx.log_attempt(&target.upstream.name, status.to_string(), elapsed);
+                    ctx.log_attempt(
+                        &gw.services.metrics,
+                        &target.upstream.name,
+                        status.to_string(),
+                        elapsed,
+                    );
                     if let Some(a) = retry_after(resp.headers()) {
                         selector.retry_after(&pick, a, &policy);
                         if status == 429 {
@@ -487,21 +535,24 @@ async fn attempts(
                                 .success(&pick.model, pick.index, ok.then_some(elapsed));
                         }
                         ctx.log_attempt(
+                            &gw.services.metrics,
                             &target.upstream.name,
                             status.to_string(),
                             started.elapsed(),
                         );
                         let resp = match hold.meter.take() {
-                            Some(meter) if ok => {
+                            meter if ok => {
                                 let reader = UsageReader::new(
                                     encoded.protocol,
                                     is_event_stream(resp.headers()),
                                 );
-                                resp.map(|b| BodyExt::boxed(Metered::new(b, reader, meter)))
+                                let cell = ctx.tokens.clone();
+                                resp.map(|b| BodyExt::boxed(Metered::new(b, reader, cell, meter)))
                             }
                             _ => resp,
                         };
-                        let resp = respond(resp, gw.services.limits, encoded.reply).await?;
+                        let resp =
+                            respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
                         return Ok(with_guard(resp, inflight));
                     }
                     Err(e) => e,
@@ -510,6 +561,7 @@ async fn attempts(
             Err(e) => e,
         };
         ctx.log_attempt(
+            &gw.services.metrics,
             &target.upstream.name,
             failure.retry.map_or("error", RetryClass::name).to_owned(),
             elapsed,
@@ -528,7 +580,7 @@ async fn attempts(
     match last {
         Some(Failed::Transport(e)) => Err(e),
         Some(Failed::Status(resp, encoded)) => {
-            let mut resp = respond(resp, gw.services.limits, encoded.reply).await?;
+            let mut resp = respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
             if let Some(after) = smallest_retry_after.filter(|_| resp.status().as_u16() == 429) {
                 let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
                 resp.headers_mut()
@@ -608,17 +660,18 @@ async fn respond(
     resp: Response<Body>,
     limits: Limits,
     reply: Reply,
+    fate: &Fate,
 ) -> Result<Response<Body>, GatewayError> {
     match reply {
         Reply::Passthrough { guard, strip_usage } => {
-            let resp = wrap_response(resp, limits, guard);
+            let resp = wrap_response(resp, limits, guard, fate);
             Ok(if strip_usage && is_event_stream(resp.headers()) {
                 resp.map(|b| BodyExt::boxed(body::StripUsage::new(b)))
             } else {
                 resp
             })
         }
-        Reply::Translated(t) => translated_response(resp, limits, &t).await,
+        Reply::Translated(t) => translated_response(resp, limits, &t, fate).await,
     }
 }
 
@@ -656,7 +709,6 @@ async fn send(
         encoded.body.clone(),
     )?;
     let result = gw.services.client.send(upstream, req).await;
-    gw.services.metrics.upstream_call(result.is_err());
     let resp = result?;
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
@@ -672,7 +724,12 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
-fn wrap_response(resp: Response<Body>, limits: Limits, guard: StreamGuard) -> Response<Body> {
+fn wrap_response(
+    resp: Response<Body>,
+    limits: Limits,
+    guard: StreamGuard,
+    fate: &Fate,
+) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     // Only a successful event stream is ours to police; an error body passes through as sent.
     let guard = if parts.status.is_success() && is_event_stream(&parts.headers) {
@@ -681,7 +738,7 @@ fn wrap_response(resp: Response<Body>, limits: Limits, guard: StreamGuard) -> Re
         StreamGuard::None
     };
     parts.headers = upstream::response_headers(&parts.headers);
-    let body = UpstreamBody::new(inner, limits.idle_timeout, guard);
+    let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
     Response::from_parts(parts, BodyExt::boxed(body))
 }
 
@@ -691,6 +748,7 @@ async fn translated_response(
     resp: Response<Body>,
     limits: Limits,
     t: &Translation,
+    fate: &Fate,
 ) -> Result<Response<Body>, GatewayError> {
     let (parts, inner) = resp.into_parts();
     let mut headers = upstream::response_headers(&parts.headers);
@@ -698,11 +756,9 @@ async fn translated_response(
     headers.remove(header::CONTENT_ENCODING);
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338).
-    let body: Body = BodyExt::boxed(UpstreamBody::new(
-        inner,
-        limits.idle_timeout,
-        StreamGuard::None,
-    ));
+    let body: Body = BodyExt::boxed(
+        UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone()),
+    );
     if parts.status.is_success() && is_event_stream(&parts.headers) {
         let mut resp = Response::new(BodyExt::boxed(translate::TranslateBody::new(body, t)));
         *resp.headers_mut() = headers;

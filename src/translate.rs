@@ -2,11 +2,13 @@
 
 pub mod chat;
 pub mod common;
+pub mod lax;
 pub mod messages;
 pub mod responses;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,32 +20,84 @@ use serde_json::Value;
 
 use crate::body::BoxError;
 use crate::config::{Protocol, Target};
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
 use crate::ir::{self, Event};
 use crate::sse::{SseDecoder, SseEvent};
 
 /// How long an Anthropic client may wait without a byte before it gets a `ping`.
 pub const PING_INTERVAL: Duration = Duration::from_secs(10);
 
-/// What the reply's translation needs to remember from the request.
+/// What the reply's translation needs to remember from the request: each side's per-request
+/// state lives in its own codec's context.
 #[derive(Debug, Clone)]
 pub struct Translation {
     pub client: Protocol,
     pub upstream: Protocol,
     pub client_model: String,
     pub stream: bool,
-    include_usage: bool,
-    json_mode: bool,
-    echo: responses::Echo,
+    client_ctx: ClientContext,
+    upstream_ctx: UpstreamContext,
+}
+
+/// What a client protocol's replies need from the request they answer.
+#[derive(Debug, Clone)]
+pub enum ClientContext {
+    Chat(chat::ClientContext),
+    Messages(messages::ClientContext),
+    Responses(responses::ClientContext),
+}
+
+/// What reading an upstream protocol's replies needs from the request that was sent.
+#[derive(Debug, Clone)]
+pub enum UpstreamContext {
+    Chat(chat::UpstreamContext),
+    Messages(messages::UpstreamContext),
+    Responses(responses::UpstreamContext),
+}
+
+impl ClientContext {
+    /// A client that asked for nothing beyond the protocol's defaults.
+    fn default_for(client: Protocol) -> Self {
+        match client {
+            Protocol::Chat => Self::Chat(chat::ClientContext::default()),
+            Protocol::Messages => Self::Messages(messages::ClientContext),
+            Protocol::Responses => Self::Responses(responses::ClientContext::default()),
+        }
+    }
+}
+
+impl UpstreamContext {
+    fn default_for(upstream: Protocol) -> Self {
+        match upstream {
+            Protocol::Chat => Self::Chat(chat::UpstreamContext),
+            Protocol::Messages => Self::Messages(messages::UpstreamContext::default()),
+            Protocol::Responses => Self::Responses(responses::UpstreamContext),
+        }
+    }
+}
+
+/// Reads a client body of protocol `client` into the IR and that client's reply context,
+/// refusing what the IR cannot hold.
+fn decode(client: Protocol, body: &[u8]) -> Result<(ir::Request, ClientContext), GatewayError> {
+    Ok(match client {
+        Protocol::Chat => {
+            let (r, c) = chat::request_to_ir(body)?;
+            (r, ClientContext::Chat(c))
+        }
+        Protocol::Messages => {
+            let (r, c) = messages::request_to_ir(body)?;
+            (r, ClientContext::Messages(c))
+        }
+        Protocol::Responses => {
+            let (r, c) = responses::request_to_ir(body)?;
+            (r, ClientContext::Responses(c))
+        }
+    })
 }
 
 /// Parses a client body of protocol `client` into the IR, refusing what the IR cannot hold.
-pub fn decode_request(client: Protocol, v: &Value) -> Result<ir::Request, GatewayError> {
-    match client {
-        Protocol::Chat => chat::request_to_ir(v),
-        Protocol::Messages => messages::request_to_ir(v),
-        Protocol::Responses => responses::request_to_ir(v),
-    }
+pub fn decode_request(client: Protocol, body: &[u8]) -> Result<ir::Request, GatewayError> {
+    decode(client, body).map(|(r, _)| r)
 }
 
 /// What an upstream protocol can express of the IR, checked once before encoding so decoders
@@ -85,18 +139,28 @@ impl Capabilities {
     }
 }
 
-/// Writes the IR as a request of protocol `upstream` for `target`.
+/// Writes the IR as a request body of protocol `upstream` for `target`, with what reading the
+/// upstream's replies will need.
 pub fn encode_request(
     upstream: Protocol,
     r: &ir::Request,
     upstream_model: &str,
     target: &Target,
-) -> Result<Value, GatewayError> {
-    match upstream {
-        Protocol::Chat => chat::ir_to_request(r, upstream_model, target),
-        Protocol::Messages => messages::ir_to_request(r, upstream_model, target),
-        Protocol::Responses => responses::ir_to_request(r, upstream_model, target),
-    }
+) -> Result<(Vec<u8>, UpstreamContext), GatewayError> {
+    Ok(match upstream {
+        Protocol::Chat => {
+            let (b, c) = chat::ir_to_request(r, upstream_model, target)?;
+            (b, UpstreamContext::Chat(c))
+        }
+        Protocol::Messages => {
+            let (b, c) = messages::ir_to_request(r, upstream_model, target)?;
+            (b, UpstreamContext::Messages(c))
+        }
+        Protocol::Responses => {
+            let (b, c) = responses::ir_to_request(r, upstream_model, target)?;
+            (b, UpstreamContext::Responses(c))
+        }
+    })
 }
 
 /// A client request decoded once into the IR, with what every reply to it needs to remember;
@@ -106,27 +170,17 @@ pub struct Decoded {
     pub client: Protocol,
     pub ir: ir::Request,
     pub client_model: String,
-    echo: responses::Echo,
+    context: ClientContext,
 }
 
 impl Decoded {
     pub fn new(client: Protocol, body: &[u8], client_model: &str) -> Result<Self, GatewayError> {
-        let v: Value = serde_json::from_slice(body).map_err(|e| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the request body is not valid JSON: {e}"),
-            )
-        })?;
-        let ir = decode_request(client, &v)?;
+        let (ir, context) = decode(client, body)?;
         Ok(Self {
             client,
             ir,
             client_model: client_model.to_owned(),
-            echo: if client == Protocol::Responses {
-                responses::Echo::from_request(&v)
-            } else {
-                responses::Echo::default()
-            },
+            context,
         })
     }
 
@@ -138,28 +192,16 @@ impl Decoded {
         upstream_model: &str,
     ) -> Result<(Bytes, Translation), GatewayError> {
         Capabilities::of(upstream).check(&self.ir, self.client, upstream)?;
-        let out = encode_request(upstream, &self.ir, upstream_model, target)?;
-        let json_mode = upstream == Protocol::Messages
-            && matches!(
-                self.ir.response_format,
-                Some(ir::ResponseFormat::JsonObject | ir::ResponseFormat::JsonSchema { .. })
-            );
+        let (body, upstream_ctx) = encode_request(upstream, &self.ir, upstream_model, target)?;
         let t = Translation {
             client: self.client,
             upstream,
             client_model: self.client_model.clone(),
             stream: self.ir.stream,
-            include_usage: self.ir.include_usage,
-            json_mode,
-            echo: self.echo.clone(),
+            client_ctx: self.context.clone(),
+            upstream_ctx,
         };
-        let bytes = serde_json::to_vec(&out).map_err(|e| {
-            GatewayError::new(
-                ErrorKind::Internal,
-                format!("encoding the upstream request: {e}"),
-            )
-        })?;
-        Ok((Bytes::from(bytes), t))
+        Ok((Bytes::from(body), t))
     }
 }
 
@@ -188,23 +230,37 @@ pub fn error_body(client: Protocol, e: &ir::ErrorInfo) -> Value {
 }
 
 impl Translation {
-    /// The reply side of a translation for the mock, which answers `protocol` from the IR directly.
-    pub fn for_mock(protocol: Protocol, model: &str, request: &Value) -> Self {
+    /// The reply side of a translation for the mock, which answers `protocol` from the IR
+    /// directly; `body` is the request it answers (already decoded once, so known to be valid).
+    pub fn for_mock(protocol: Protocol, model: &str, body: &[u8]) -> Self {
+        let client_ctx = match decode(protocol, body) {
+            Ok((_, c)) => c,
+            Err(_) => ClientContext::default_for(protocol),
+        };
         Self {
             client: protocol,
             upstream: protocol,
             client_model: model.to_owned(),
             stream: false,
-            include_usage: request.pointer("/stream_options/include_usage")
-                == Some(&Value::Bool(true)),
-            json_mode: false,
-            echo: responses::Echo::from_request(request),
+            client_ctx,
+            upstream_ctx: UpstreamContext::default_for(protocol),
         }
+    }
+
+    fn echo(&self) -> Arc<responses::Echo> {
+        match &self.client_ctx {
+            ClientContext::Responses(c) => Arc::clone(&c.echo),
+            _ => Arc::default(),
+        }
+    }
+
+    fn json_mode(&self) -> bool {
+        matches!(&self.upstream_ctx, UpstreamContext::Messages(c) if c.json_mode)
     }
 
     /// A responses reply for `r`, echoing the request this translation came from.
     pub fn responses_reply(&self, r: &ir::Response) -> Value {
-        responses::ir_to_response(r, &self.client_model, &self.echo)
+        responses::ir_to_response(r, &self.client_model, &self.echo())
     }
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
@@ -243,7 +299,7 @@ impl Translation {
                 code: None,
             }),
             Protocol::Messages => {
-                messages::response_to_ir(&v, self.json_mode).map_err(|e| ir::ErrorInfo {
+                messages::response_to_ir(&v, self.json_mode()).map_err(|e| ir::ErrorInfo {
                     status: 502,
                     message: e.message,
                     code: None,
@@ -258,7 +314,7 @@ impl Translation {
                     Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
                     Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
                     Protocol::Responses => {
-                        responses::ir_to_response(&r, &self.client_model, &self.echo)
+                        responses::ir_to_response(&r, &self.client_model, &self.echo())
                     }
                 },
             ),
@@ -270,7 +326,7 @@ impl Translation {
         match self.upstream {
             Protocol::Chat => StreamDecoder::Chat(chat::StreamDecoder::default()),
             Protocol::Messages => {
-                StreamDecoder::Messages(messages::StreamDecoder::new(self.json_mode))
+                StreamDecoder::Messages(messages::StreamDecoder::new(self.json_mode()))
             }
             Protocol::Responses => StreamDecoder::Responses(responses::StreamDecoder::default()),
         }
@@ -280,13 +336,13 @@ impl Translation {
         match self.client {
             Protocol::Chat => StreamEncoder::Chat(chat::StreamEncoder::new(
                 &self.client_model,
-                self.include_usage,
+                matches!(&self.client_ctx, ClientContext::Chat(c) if c.include_usage),
             )),
             Protocol::Messages => {
                 StreamEncoder::Messages(messages::StreamEncoder::new(&self.client_model))
             }
             Protocol::Responses => StreamEncoder::Responses(Box::new(
-                responses::StreamEncoder::new(&self.client_model, self.echo.clone()),
+                responses::StreamEncoder::new(&self.client_model, self.echo()),
             )),
         }
     }

@@ -156,7 +156,9 @@ async fn readyz_and_metrics_on_admin() {
         .await
         .unwrap();
     assert!(
-        text.contains("modelgate_requests_total{address=\"base\",status=\"4xx\"} 1"),
+        text.contains(
+            "modelgate_requests_total{model=\"\",upstream=\"\",protocol=\"chat\",status=\"404\",outcome=\"refused\"} 1"
+        ),
         "{text}"
     );
 }

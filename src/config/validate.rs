@@ -56,6 +56,12 @@ struct RawKey {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawLog {
+    format: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawStore {
     redis_url_env: Option<String>,
     on_error: Option<String>,
@@ -129,6 +135,7 @@ const TOP_KEYS: &[&str] = &[
     "retry",
     "health",
     "store",
+    "log",
     "video",
     "keys",
     "upstreams",
@@ -226,6 +233,20 @@ pub(super) fn parse(
         .remove("store")
         .and_then(|v| section(v, "store", &mut errors))
         .unwrap_or_default();
+    let raw_log: RawLog = table
+        .remove("log")
+        .and_then(|v| section(v, "log", &mut errors))
+        .unwrap_or_default();
+    let log_format = match raw_log.format.as_deref() {
+        None => LogFormat::Text,
+        Some(f) => LogFormat::parse(f).unwrap_or_else(|| {
+            errors.push(
+                "log.format",
+                format!("unknown value {f:?}; allowed: text, json"),
+            );
+            LogFormat::Text
+        }),
+    };
     let raw_video: RawVideo = table
         .remove("video")
         .and_then(|v| section(v, "video", &mut errors))
@@ -281,6 +302,7 @@ pub(super) fn parse(
             tls_fingerprint,
             limits,
             store,
+            log_format,
             video,
             keys,
             upstreams,

@@ -1,122 +1,55 @@
-//! Small helpers shared by the three protocol translators: typed reads of `serde_json::Value` fields with 400s that name the field.
+//! Small helpers shared by the three protocol codecs: lenient reads of upstream JSON, refusals that name the field, message merging and body encoding.
 
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 
-use crate::error::GatewayError;
+use crate::error::{ErrorKind, GatewayError};
+use crate::ir::{Message, Part, Role};
+
+/// The schema a tool gets when its client gave none: an object with no properties.
+pub const EMPTY_SCHEMA: &str = r#"{"type":"object","properties":{}}"#;
+
+/// An upstream request body, serialised straight from its wire struct.
+pub fn encoded<T: Serialize>(body: &T) -> Result<Vec<u8>, GatewayError> {
+    let mut out = Vec::with_capacity(2048);
+    serde_json::to_writer(&mut out, body).map_err(|e| {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("encoding the upstream request: {e}"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// Appends parts as a message, merging with the previous message of the same role.
+pub fn push(messages: &mut Vec<Message>, role: Role, parts: Vec<Part>) {
+    match messages.last_mut() {
+        Some(last) if last.role == role => last.content.extend(parts),
+        _ => messages.push(Message {
+            role,
+            content: parts,
+        }),
+    }
+}
+
+/// The text of a tool result's parts, one per line (images cannot go back as text).
+pub fn tool_result_text(content: &[Part]) -> String {
+    let mut text = String::new();
+    for p in content {
+        if let Part::Text(t) = p {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        }
+    }
+    text
+}
 
 /// A string field of an upstream's JSON, or "" when absent or not a string (replies are read
 /// leniently: an odd field must not fail the whole answer).
 pub fn str_at(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or("").to_owned()
-}
-
-pub fn get_str<'v>(v: &'v Value, key: &str, path: &str) -> Result<Option<&'v str>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(GatewayError::invalid(
-            path,
-            format!("`{path}` must be a string"),
-        )),
-    }
-}
-
-pub fn req_str<'v>(v: &'v Value, key: &str, path: &str) -> Result<&'v str, GatewayError> {
-    get_str(v, key, path)?
-        .ok_or_else(|| GatewayError::invalid(path, format!("`{path}` is required")))
-}
-
-pub fn get_bool(v: &Value, key: &str, path: &str) -> Result<Option<bool>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(GatewayError::invalid(
-            path,
-            format!("`{path}` must be a boolean"),
-        )),
-    }
-}
-
-pub fn get_f64_in(v: &Value, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let x = n.as_f64().unwrap_or(f64::NAN);
-            if (lo..=hi).contains(&x) {
-                Ok(Some(x))
-            } else {
-                Err(GatewayError::invalid(
-                    key,
-                    format!("`{key}` must be between {lo} and {hi}; got {x}"),
-                ))
-            }
-        }
-        Some(_) => Err(GatewayError::invalid(
-            key,
-            format!("`{key}` must be a number"),
-        )),
-    }
-}
-
-pub fn get_u64(v: &Value, key: &str, min: u64) -> Result<Option<u64>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(x) if x >= min => Ok(Some(x)),
-            _ => Err(GatewayError::invalid(
-                key,
-                format!("`{key}` must be an integer of at least {min}; got {n}"),
-            )),
-        },
-        Some(_) => Err(GatewayError::invalid(
-            key,
-            format!("`{key}` must be an integer"),
-        )),
-    }
-}
-
-pub fn get_array<'v>(
-    v: &'v Value,
-    key: &str,
-    path: &str,
-) -> Result<Option<&'v Vec<Value>>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a)),
-        Some(_) => Err(GatewayError::invalid(
-            path,
-            format!("`{path}` must be an array"),
-        )),
-    }
-}
-
-pub fn as_object<'v>(v: &'v Value, path: &str) -> Result<&'v Map<String, Value>, GatewayError> {
-    v.as_object()
-        .ok_or_else(|| GatewayError::invalid(path, format!("`{path}` must be an object")))
-}
-
-/// The string list of a `stop`-like field: a string or an array of strings.
-pub fn string_list(v: &Value, key: &str) -> Result<Vec<String>, GatewayError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                s.as_str().map(str::to_owned).ok_or_else(|| {
-                    GatewayError::invalid(
-                        format!("{key}[{i}]"),
-                        format!("`{key}[{i}]` must be a string"),
-                    )
-                })
-            })
-            .collect(),
-        Some(_) => Err(GatewayError::invalid(
-            key,
-            format!("`{key}` must be a string or an array of strings"),
-        )),
-    }
 }
 
 /// A refusal for a field that cannot cross to another protocol.

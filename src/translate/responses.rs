@@ -1,21 +1,20 @@
 //! OpenAI Responses ⇄ IR: client requests in, upstream requests out, replies and stream events both ways.
 
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::common::*;
-use crate::config::Target;
-use crate::error::GatewayError;
-use crate::ir::{
-    self, Event, Finish, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice, Usage,
-};
+use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
 
 /// Marks an Anthropic thinking signature carried in a reasoning item's `encrypted_content`, so it
 /// is recognised (and only it is trusted) when the client sends the item back.
 const SIG_PREFIX: &str = "mg-anthropic-sig:";
 
+mod request;
 mod stream;
 
+pub use request::{ir_to_request, request_to_ir, ClientContext, UpstreamContext};
 pub use stream::{StreamDecoder, StreamEncoder};
 
 /// The `text` of every part in a reasoning item's `summary` or `content` list.
@@ -34,416 +33,6 @@ fn signature_of(item: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .and_then(|e| e.strip_prefix(SIG_PREFIX))
         .map(str::to_owned)
-}
-
-// === requests: responses client → IR ===
-
-fn parts_of(content: &Value, path: &str) -> Result<Vec<Part>, GatewayError> {
-    match content {
-        Value::String(s) => Ok(vec![Part::Text(s.clone())]),
-        Value::Array(a) => a
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let ppath = format!("{path}[{i}]");
-                match p.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => Ok(Part::Text(
-                        req_str(p, "text", &format!("{ppath}.text"))?.to_owned(),
-                    )),
-                    Some("refusal") => Ok(Part::Text(
-                        req_str(p, "refusal", &format!("{ppath}.refusal"))?.to_owned(),
-                    )),
-                    Some("input_image") => {
-                        let url = get_str(p, "image_url", &format!("{ppath}.image_url"))?
-                            .ok_or_else(|| {
-                                unsupported(
-                                    &format!("{ppath}.file_id"),
-                                    "images must be given by image_url",
-                                )
-                            })?;
-                        Ok(Part::Image(Image {
-                            source: ImageSource::from_url(url),
-                            detail: get_str(p, "detail", &format!("{ppath}.detail"))?
-                                .map(str::to_owned),
-                        }))
-                    }
-                    Some(other) => Err(unsupported(
-                        &format!("{ppath}.type"),
-                        &format!("{other:?} parts have no equivalent there"),
-                    )),
-                    None => Err(GatewayError::invalid(
-                        format!("{ppath}.type"),
-                        "`type` is required",
-                    )),
-                }
-            })
-            .collect(),
-        _ => Err(GatewayError::invalid(
-            path,
-            format!("`{path}` must be a string or an array of parts"),
-        )),
-    }
-}
-
-/// Reads and checks a responses request into the IR, refusing what the IR cannot hold.
-pub fn request_to_ir(v: &Value) -> Result<ir::Request, GatewayError> {
-    as_object(v, "body")?;
-    if v.get("previous_response_id").is_some_and(|p| !p.is_null()) {
-        return Err(unsupported(
-            "previous_response_id",
-            "the gateway keeps no conversation store; send the whole input",
-        ));
-    }
-    if v.get("conversation").is_some_and(|p| !p.is_null()) {
-        return Err(unsupported(
-            "conversation",
-            "the gateway keeps no conversation store; send the whole input",
-        ));
-    }
-    let mut r = ir::Request::default();
-    if let Some(i) = get_str(v, "instructions", "instructions")? {
-        r.system.push(i.to_owned());
-    }
-    match v.get("input") {
-        None | Some(Value::Null) => {
-            return Err(GatewayError::invalid("input", "`input` is required"))
-        }
-        Some(Value::String(s)) => {
-            super::chat::push(&mut r.messages, Role::User, vec![Part::Text(s.clone())])
-        }
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                let path = format!("input[{i}]");
-                let kind = item
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("message");
-                match kind {
-                    "message" => {
-                        let content = item.get("content").unwrap_or(&Value::Null);
-                        match item.get("role").and_then(Value::as_str) {
-                            Some("system" | "developer") => {
-                                let text: Vec<String> =
-                                    parts_of(content, &format!("{path}.content"))?
-                                        .into_iter()
-                                        .filter_map(|p| {
-                                            if let Part::Text(t) = p {
-                                                Some(t)
-                                            } else {
-                                                None
-                                            }
-                                        })
-                                        .collect();
-                                r.system.push(text.join("\n"));
-                            }
-                            Some("user") => super::chat::push(
-                                &mut r.messages,
-                                Role::User,
-                                parts_of(content, &format!("{path}.content"))?,
-                            ),
-                            Some("assistant") => super::chat::push(
-                                &mut r.messages,
-                                Role::Assistant,
-                                parts_of(content, &format!("{path}.content"))?,
-                            ),
-                            _ => {
-                                return Err(GatewayError::invalid(
-                                    format!("{path}.role"),
-                                    "`role` must be user, assistant, system or developer",
-                                ))
-                            }
-                        }
-                    }
-                    "function_call" => super::chat::push(
-                        &mut r.messages,
-                        Role::Assistant,
-                        vec![Part::ToolCall {
-                            id: req_str(item, "call_id", &format!("{path}.call_id"))?.to_owned(),
-                            name: req_str(item, "name", &format!("{path}.name"))?.to_owned(),
-                            arguments: get_str(item, "arguments", &format!("{path}.arguments"))?
-                                .unwrap_or("{}")
-                                .to_owned(),
-                        }],
-                    ),
-                    "function_call_output" => {
-                        let content = match item.get("output") {
-                            Some(Value::String(s)) => vec![Part::Text(s.clone())],
-                            Some(o @ Value::Array(_)) => parts_of(o, &format!("{path}.output"))?,
-                            _ => {
-                                return Err(GatewayError::invalid(
-                                    format!("{path}.output"),
-                                    "`output` is required",
-                                ))
-                            }
-                        };
-                        super::chat::push(
-                            &mut r.messages,
-                            Role::User,
-                            vec![Part::ToolResult {
-                                call_id: req_str(item, "call_id", &format!("{path}.call_id"))?
-                                    .to_owned(),
-                                content,
-                                is_error: false,
-                            }],
-                        );
-                    }
-                    "reasoning" => {
-                        let text: Vec<&str> = texts_of(item, "summary");
-                        let signature = signature_of(item);
-                        super::chat::push(
-                            &mut r.messages,
-                            Role::Assistant,
-                            vec![Part::Reasoning(Reasoning {
-                                text: text.join("\n"),
-                                signature,
-                                redacted: None,
-                            })],
-                        );
-                    }
-                    other => {
-                        return Err(unsupported(
-                            &format!("{path}.type"),
-                            &format!("{other:?} items have no equivalent there"),
-                        ))
-                    }
-                }
-            }
-        }
-        Some(_) => {
-            return Err(GatewayError::invalid(
-                "input",
-                "`input` must be a string or an array of items",
-            ))
-        }
-    }
-    for (i, tool) in get_array(v, "tools", "tools")?
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        match tool.get("type").and_then(Value::as_str) {
-            Some("function") => r.tools.push(Tool {
-                name: req_str(tool, "name", &format!("tools[{i}].name"))?.to_owned(),
-                description: get_str(tool, "description", &format!("tools[{i}].description"))?
-                    .map(str::to_owned),
-                parameters: tool
-                    .get("parameters")
-                    .filter(|p| !p.is_null())
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-                strict: get_bool(tool, "strict", &format!("tools[{i}].strict"))?,
-            }),
-            other => {
-                return Err(unsupported(
-                    &format!("tools[{i}].type"),
-                    &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")),
-                ))
-            }
-        }
-    }
-    r.tool_choice = match v.get("tool_choice") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => ToolChoice::Auto,
-        }),
-        Some(o) => match (
-            o.get("type").and_then(Value::as_str),
-            o.get("name").and_then(Value::as_str),
-        ) {
-            (Some("function"), Some(n)) => Some(ToolChoice::Named(n.to_owned())),
-            _ => {
-                return Err(unsupported(
-                    "tool_choice",
-                    "only none, auto, required or a named function",
-                ))
-            }
-        },
-    };
-    r.parallel_tool_calls = get_bool(v, "parallel_tool_calls", "parallel_tool_calls")?;
-    r.max_tokens = get_u64(v, "max_output_tokens", 1)?;
-    r.temperature = get_f64_in(v, "temperature", 0.0, 2.0)?;
-    r.top_p = get_f64_in(v, "top_p", 0.0, 1.0)?;
-    r.stream = get_bool(v, "stream", "stream")?.unwrap_or(false);
-    r.user = get_str(v, "user", "user")?.map(str::to_owned);
-    if let Some(effort) = v.pointer("/reasoning/effort").and_then(Value::as_str) {
-        r.thinking = Some(ir::Thinking {
-            enabled: effort != "none",
-            budget_tokens: None,
-            effort: Some(effort.to_owned()),
-        });
-    }
-    r.response_format = match v.pointer("/text/format") {
-        None | Some(Value::Null) => None,
-        Some(f) => match f.get("type").and_then(Value::as_str) {
-            Some("json_object") => Some(ir::ResponseFormat::JsonObject),
-            Some("json_schema") => Some(ir::ResponseFormat::JsonSchema {
-                name: f
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("response")
-                    .to_owned(),
-                description: f
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                schema: f
-                    .get("schema")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object"})),
-                strict: f.get("strict").and_then(Value::as_bool),
-            }),
-            _ => Some(ir::ResponseFormat::Text),
-        },
-    };
-    Ok(r)
-}
-
-// === requests: IR → responses upstream ===
-
-pub fn ir_to_request(
-    r: &ir::Request,
-    upstream_model: &str,
-    _target: &Target,
-) -> Result<Value, GatewayError> {
-    // Stop sequences were refused by the Capabilities check before this runs.
-    let mut out = Map::new();
-    out.insert("model".into(), json!(upstream_model));
-    if !r.system.is_empty() {
-        out.insert("instructions".into(), json!(r.system.join("\n\n")));
-    }
-    let mut input = Vec::new();
-    for m in &r.messages {
-        let mut parts = Vec::new();
-        let flush = |parts: &mut Vec<Value>, input: &mut Vec<Value>| {
-            if !parts.is_empty() {
-                let role = if m.role == Role::User {
-                    "user"
-                } else {
-                    "assistant"
-                };
-                input.push(
-                    json!({"type": "message", "role": role, "content": std::mem::take(parts)}),
-                );
-            }
-        };
-        for p in &m.content {
-            match p {
-                Part::Text(t) => parts.push(if m.role == Role::User {
-                    json!({"type": "input_text", "text": t})
-                } else {
-                    json!({"type": "output_text", "text": t, "annotations": []})
-                }),
-                Part::Image(img) => parts.push(
-                    json!({"type": "input_image", "image_url": img.source.to_url(),
-                    "detail": img.detail.clone().unwrap_or_else(|| "auto".into())}),
-                ),
-                Part::ToolCall {
-                    id,
-                    name,
-                    arguments,
-                } => {
-                    flush(&mut parts, &mut input);
-                    input.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": arguments}));
-                }
-                Part::ToolResult {
-                    call_id,
-                    content,
-                    is_error,
-                } => {
-                    flush(&mut parts, &mut input);
-                    let mut text = super::chat::tool_result_text(content);
-                    if *is_error {
-                        text = format!("Error: {text}");
-                    }
-                    input.push(
-                        json!({"type": "function_call_output", "call_id": call_id, "output": text}),
-                    );
-                }
-                // A reasoning item needs OpenAI's own id and encrypted content to mean anything there.
-                Part::Reasoning(_) => {}
-            }
-        }
-        flush(&mut parts, &mut input);
-    }
-    out.insert("input".into(), Value::Array(input));
-    if !r.tools.is_empty() {
-        let tools: Vec<Value> = r
-            .tools
-            .iter()
-            .map(|t| json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict.unwrap_or(false)}))
-            .collect();
-        out.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(tc) = &r.tool_choice {
-        out.insert(
-            "tool_choice".into(),
-            match tc {
-                ToolChoice::None => json!("none"),
-                ToolChoice::Auto => json!("auto"),
-                ToolChoice::Required => json!("required"),
-                ToolChoice::Named(n) => json!({"type": "function", "name": n}),
-            },
-        );
-    }
-    if let Some(p) = r.parallel_tool_calls {
-        out.insert("parallel_tool_calls".into(), json!(p));
-    }
-    if let Some(m) = r.max_tokens {
-        out.insert("max_output_tokens".into(), json!(m));
-    }
-    if let Some(t) = r.temperature {
-        out.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = r.top_p {
-        out.insert("top_p".into(), json!(p));
-    }
-    if let Some(th) = &r.thinking {
-        if th.enabled {
-            let effort = th.effort.clone().unwrap_or_else(|| {
-                th.budget_tokens
-                    .map_or("medium", crate::thinking::budget_to_effort)
-                    .to_owned()
-            });
-            out.insert(
-                "reasoning".into(),
-                json!({"effort": effort, "summary": "auto"}),
-            );
-        } else if th.effort.is_some() {
-            out.insert("reasoning".into(), json!({"effort": th.effort}));
-        }
-    }
-    match &r.response_format {
-        None | Some(ir::ResponseFormat::Text) => {}
-        Some(ir::ResponseFormat::JsonObject) => {
-            out.insert("text".into(), json!({"format": {"type": "json_object"}}));
-        }
-        Some(ir::ResponseFormat::JsonSchema {
-            name,
-            description,
-            schema,
-            strict,
-        }) => {
-            let mut f = json!({"type": "json_schema", "name": name, "schema": schema});
-            if let Some(d) = description {
-                f["description"] = json!(d);
-            }
-            if let Some(s) = strict {
-                f["strict"] = json!(s);
-            }
-            out.insert("text".into(), json!({"format": f}));
-        }
-    }
-    if let Some(u) = &r.user {
-        out.insert("user".into(), json!(u));
-    }
-    // The gateway never refers back to stored responses, so do not ask the upstream to keep them.
-    out.insert("store".into(), json!(false));
-    if r.stream {
-        out.insert("stream".into(), json!(true));
-    }
-    Ok(Value::Object(out))
 }
 
 // === replies ===
@@ -565,40 +154,27 @@ pub fn response_to_ir(v: &Value) -> Result<ir::Response, ir::ErrorInfo> {
     })
 }
 
-/// What a Responses reply echoes back from the client's request.
+/// What a Responses reply echoes back from the client's request, as the client wrote it (absent
+/// fields take the API's defaults when the reply is written).
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
-    pub tools: Value,
-    pub tool_choice: Value,
-    pub parallel_tool_calls: Value,
-    pub instructions: Value,
-    pub max_output_tokens: Value,
-    pub temperature: Value,
-    pub top_p: Value,
-    /// `{effort, summary}` as the client asked (C.3 echoes the request's `reasoning`).
-    pub reasoning: Value,
+    pub tools: Option<Box<RawValue>>,
+    pub tool_choice: Option<Box<RawValue>>,
+    pub parallel_tool_calls: Option<Box<RawValue>>,
+    pub instructions: Option<Box<RawValue>>,
+    pub max_output_tokens: Option<Box<RawValue>>,
+    pub temperature: Option<Box<RawValue>>,
+    pub top_p: Option<Box<RawValue>>,
+    /// `reasoning.effort` and `reasoning.summary` (C.3 echoes the request's `reasoning`).
+    pub effort: Option<Box<RawValue>>,
+    pub summary: Option<Box<RawValue>>,
 }
 
-impl Echo {
-    pub fn from_request(v: &Value) -> Self {
-        let g = |k: &str| v.get(k).cloned().unwrap_or(Value::Null);
-        Self {
-            tools: v.get("tools").cloned().unwrap_or_else(|| json!([])),
-            tool_choice: v
-                .get("tool_choice")
-                .cloned()
-                .unwrap_or_else(|| json!("auto")),
-            parallel_tool_calls: v.get("parallel_tool_calls").cloned().unwrap_or(json!(true)),
-            instructions: g("instructions"),
-            max_output_tokens: g("max_output_tokens"),
-            temperature: g("temperature"),
-            top_p: g("top_p"),
-            reasoning: json!({
-                "effort": v.pointer("/reasoning/effort").cloned().unwrap_or(Value::Null),
-                "summary": v.pointer("/reasoning/summary").cloned().unwrap_or(Value::Null),
-            }),
-        }
-    }
+/// An echoed field as a value, or `default` when the client did not send it.
+fn echoed(raw: &Option<Box<RawValue>>, default: Value) -> Value {
+    raw.as_deref()
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or(default)
 }
 
 /// The identity of a response object: id, creation time, model.
@@ -617,14 +193,44 @@ fn response_object(
         ("incomplete", _) => json!({"reason": "max_output_tokens"}),
         _ => Value::Null,
     };
-    json!({
-        "id": id, "object": "response", "created_at": created, "status": status, "error": null,
-        "incomplete_details": incomplete, "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens,
-        "model": model, "output": output, "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": null,
-        "reasoning": echo.reasoning, "store": false, "temperature": echo.temperature,
-        "text": {"format": {"type": "text"}}, "tool_choice": echo.tool_choice, "tools": echo.tools, "top_p": echo.top_p,
-        "truncation": "disabled", "usage": usage.map(usage_json), "metadata": {},
-    })
+    // Built by moving values in: `json!` would copy `output` and every echoed field once more.
+    let fields = [
+        ("id", Value::from(id)),
+        ("object", "response".into()),
+        ("created_at", created.into()),
+        ("status", status.into()),
+        ("error", Value::Null),
+        ("incomplete_details", incomplete),
+        ("instructions", echoed(&echo.instructions, Value::Null)),
+        (
+            "max_output_tokens",
+            echoed(&echo.max_output_tokens, Value::Null),
+        ),
+        ("model", model.into()),
+        ("output", Value::Array(output)),
+        (
+            "parallel_tool_calls",
+            echoed(&echo.parallel_tool_calls, Value::Bool(true)),
+        ),
+        ("previous_response_id", Value::Null),
+        (
+            "reasoning",
+            Value::Object(Map::from_iter([
+                ("effort".to_owned(), echoed(&echo.effort, Value::Null)),
+                ("summary".to_owned(), echoed(&echo.summary, Value::Null)),
+            ])),
+        ),
+        ("store", Value::Bool(false)),
+        ("temperature", echoed(&echo.temperature, Value::Null)),
+        ("text", json!({"format": {"type": "text"}})),
+        ("tool_choice", echoed(&echo.tool_choice, "auto".into())),
+        ("tools", echoed(&echo.tools, Value::Array(Vec::new()))),
+        ("top_p", echoed(&echo.top_p, Value::Null)),
+        ("truncation", "disabled".into()),
+        ("usage", usage.map_or(Value::Null, usage_json)),
+        ("metadata", Value::Object(Map::new())),
+    ];
+    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
 fn status_of(f: &Finish) -> &'static str {

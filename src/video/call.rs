@@ -37,7 +37,8 @@ pub async fn send(
     req: Request<Full<Bytes>>,
 ) -> Result<Response<Incoming>, Failure> {
     let result = gw.client.send(upstream, req).await;
-    gw.metrics.upstream_call(result.is_err());
+    gw.metrics
+        .attempt(&upstream.name, if result.is_ok() { "ok" } else { "error" });
     Ok(result?)
 }
 

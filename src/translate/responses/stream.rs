@@ -1,6 +1,7 @@
 //! OpenAI Responses streams: upstream events → IR events, and IR events → events for a responses client.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -226,7 +227,7 @@ pub struct StreamEncoder {
     id: String,
     model: String,
     created: u64,
-    echo: Echo,
+    echo: Arc<Echo>,
     seq: u64,
     started: bool,
     open: Option<OpenItem>,
@@ -239,7 +240,7 @@ pub struct StreamEncoder {
 }
 
 impl StreamEncoder {
-    pub fn new(client_model: &str, echo: Echo) -> Self {
+    pub fn new(client_model: &str, echo: Arc<Echo>) -> Self {
         Self {
             id: ir::mint_id("resp_"),
             model: client_model.to_owned(),

@@ -1,0 +1,662 @@
+//! OpenAI Responses requests: a responses client's body read into the IR (and the fields its replies echo) through borrowing wire structs, and the IR written as a responses upstream's body.
+
+use std::sync::Arc;
+
+use serde::de::IgnoredAny;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::{Echo, SIG_PREFIX};
+use crate::config::Target;
+use crate::error::GatewayError;
+use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
+use crate::translate::common::{encoded, push, tool_result_text, unsupported, EMPTY_SCHEMA};
+use crate::translate::lax::{self, lax_struct, Both, Loose, Raw};
+
+// === the client's body, as far as the decoder reads it ===
+
+lax_struct! {
+    /// A responses client's request; the fields its reply echoes are also kept as raw text.
+    pub struct ResponsesRequest<'a> {
+        pub previous_response_id: Loose<'a>,
+        pub conversation: Loose<'a>,
+        pub instructions: Both<'a, Loose<'a>>,
+        pub input: Loose<'a, Item<'a>>,
+        pub tools: Both<'a, Loose<'a, ToolIn<'a>>>,
+        pub tool_choice: Both<'a, Loose<'a, IgnoredAny, ToolChoiceIn<'a>>>,
+        pub parallel_tool_calls: Both<'a, Loose<'a>>,
+        pub max_output_tokens: Both<'a, Loose<'a>>,
+        pub temperature: Both<'a, Loose<'a>>,
+        pub top_p: Both<'a, Loose<'a>>,
+        pub stream: Loose<'a>,
+        pub user: Loose<'a>,
+        pub reasoning: ReasoningIn<'a>,
+        pub text: TextIn<'a>,
+    }
+}
+
+lax_struct! {
+    /// Any input item; each kind reads its own fields.
+    pub struct Item<'a> {
+        pub kind = "type": Loose<'a>,
+        pub role: Loose<'a>,
+        pub content: Loose<'a, PartIn<'a>>,
+        pub call_id: Loose<'a>,
+        pub name: Loose<'a>,
+        pub arguments: Loose<'a>,
+        pub output: Loose<'a, PartIn<'a>>,
+        pub summary: Loose<'a, SummaryIn<'a>>,
+        pub encrypted_content: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct PartIn<'a> {
+        pub kind = "type": Loose<'a>,
+        pub text: Loose<'a>,
+        pub refusal: Loose<'a>,
+        pub image_url: Loose<'a>,
+        pub detail: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct SummaryIn<'a> {
+        pub text: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct ToolIn<'a> {
+        pub kind = "type": Loose<'a>,
+        pub name: Loose<'a>,
+        pub description: Loose<'a>,
+        pub parameters: Raw<'a>,
+        pub strict: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct ToolChoiceIn<'a> {
+        pub kind = "type": Loose<'a>,
+        pub name: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct ReasoningIn<'a> {
+        pub effort: Both<'a, Loose<'a>>,
+        pub summary: Raw<'a>,
+    }
+}
+
+lax_struct! {
+    pub struct TextIn<'a> {
+        pub format: Loose<'a, IgnoredAny, FormatIn<'a>>,
+    }
+}
+
+lax_struct! {
+    pub struct FormatIn<'a> {
+        pub kind = "type": Loose<'a>,
+        pub name: Loose<'a>,
+        pub description: Loose<'a>,
+        pub schema: Raw<'a>,
+        pub strict: Loose<'a>,
+    }
+}
+
+/// What a responses client's replies need from its request: the fields they echo.
+#[derive(Debug, Clone, Default)]
+pub struct ClientContext {
+    pub echo: Arc<Echo>,
+}
+
+/// A responses upstream needs nothing from the request to read its replies.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamContext;
+
+// === responses client → IR ===
+
+fn owned(raw: Option<&RawValue>) -> Option<Box<RawValue>> {
+    raw.map(RawValue::to_owned)
+}
+
+impl Echo {
+    fn from_request(v: &ResponsesRequest<'_>) -> Self {
+        Self {
+            tools: owned(v.tools.raw),
+            tool_choice: owned(v.tool_choice.raw),
+            parallel_tool_calls: owned(v.parallel_tool_calls.raw),
+            instructions: owned(v.instructions.raw),
+            max_output_tokens: owned(v.max_output_tokens.raw),
+            temperature: owned(v.temperature.raw),
+            top_p: owned(v.top_p.raw),
+            effort: owned(v.reasoning.effort.raw),
+            summary: owned(v.reasoning.summary.0),
+        }
+    }
+}
+
+fn parts_of(
+    content: &Loose<'_, PartIn<'_>>,
+    path: &dyn Fn() -> String,
+) -> Result<Vec<Part>, GatewayError> {
+    match content {
+        Loose::Str(s) => Ok(vec![Part::Text(s.clone().into_owned())]),
+        Loose::Arr(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let at = |field: &str| format!("{}[{i}]{field}", path());
+                match p.kind.as_str() {
+                    Some("input_text" | "output_text" | "text") => {
+                        Ok(Part::Text(p.text.req_str(|| at(".text"))?.to_owned()))
+                    }
+                    Some("refusal") => {
+                        Ok(Part::Text(p.refusal.req_str(|| at(".refusal"))?.to_owned()))
+                    }
+                    Some("input_image") => {
+                        let url = p.image_url.get_str(|| at(".image_url"))?.ok_or_else(|| {
+                            unsupported(&at(".file_id"), "images must be given by image_url")
+                        })?;
+                        Ok(Part::Image(Image {
+                            source: ImageSource::from_url(url),
+                            detail: p.detail.get_str(|| at(".detail"))?.map(str::to_owned),
+                        }))
+                    }
+                    Some(other) => Err(unsupported(
+                        &at(".type"),
+                        &format!("{other:?} parts have no equivalent there"),
+                    )),
+                    None => Err(GatewayError::invalid(at(".type"), "`type` is required")),
+                }
+            })
+            .collect(),
+        _ => {
+            let p = path();
+            Err(GatewayError::invalid(
+                &p,
+                format!("`{p}` must be a string or an array of parts"),
+            ))
+        }
+    }
+}
+
+fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), GatewayError> {
+    let at = |field: &str| format!("input[{i}].{field}");
+    match item.kind.as_str().unwrap_or("message") {
+        "message" => {
+            let content = || at("content");
+            match item.role.as_str() {
+                Some("system" | "developer") => {
+                    let text: Vec<String> = parts_of(&item.content, &content)?
+                        .into_iter()
+                        .filter_map(|p| match p {
+                            Part::Text(t) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    r.system.push(text.join("\n"));
+                }
+                Some("user") => push(
+                    &mut r.messages,
+                    Role::User,
+                    parts_of(&item.content, &content)?,
+                ),
+                Some("assistant") => push(
+                    &mut r.messages,
+                    Role::Assistant,
+                    parts_of(&item.content, &content)?,
+                ),
+                _ => {
+                    return Err(GatewayError::invalid(
+                        at("role"),
+                        "`role` must be user, assistant, system or developer",
+                    ))
+                }
+            }
+        }
+        "function_call" => push(
+            &mut r.messages,
+            Role::Assistant,
+            vec![Part::ToolCall {
+                id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
+                name: item.name.req_str(|| at("name"))?.to_owned(),
+                arguments: item
+                    .arguments
+                    .get_str(|| at("arguments"))?
+                    .unwrap_or("{}")
+                    .to_owned(),
+            }],
+        ),
+        "function_call_output" => {
+            let content = match &item.output {
+                Loose::Str(s) => vec![Part::Text(s.clone().into_owned())],
+                o @ Loose::Arr(_) => parts_of(o, &|| at("output"))?,
+                _ => return Err(GatewayError::invalid(at("output"), "`output` is required")),
+            };
+            push(
+                &mut r.messages,
+                Role::User,
+                vec![Part::ToolResult {
+                    call_id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
+                    content,
+                    is_error: false,
+                }],
+            );
+        }
+        "reasoning" => {
+            let text: Vec<&str> = item
+                .summary
+                .as_array()
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|s| s.text.as_str())
+                .collect();
+            // Only a signature the gateway itself put there is trusted as Anthropic's.
+            let signature = item
+                .encrypted_content
+                .as_str()
+                .and_then(|e| e.strip_prefix(SIG_PREFIX))
+                .map(str::to_owned);
+            push(
+                &mut r.messages,
+                Role::Assistant,
+                vec![Part::Reasoning(Reasoning {
+                    text: text.join("\n"),
+                    signature,
+                    redacted: None,
+                })],
+            );
+        }
+        other => {
+            return Err(unsupported(
+                &at("type"),
+                &format!("{other:?} items have no equivalent there"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks a responses request into the IR, refusing what the IR cannot hold.
+pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), GatewayError> {
+    let v: ResponsesRequest = lax::parse_object(body)?;
+    if !v.previous_response_id.is_none() {
+        return Err(unsupported(
+            "previous_response_id",
+            "the gateway keeps no conversation store; send the whole input",
+        ));
+    }
+    if !v.conversation.is_none() {
+        return Err(unsupported(
+            "conversation",
+            "the gateway keeps no conversation store; send the whole input",
+        ));
+    }
+    let mut r = ir::Request::default();
+    if let Some(i) = v.instructions.typed.get_str(|| "instructions".into())? {
+        r.system.push(i.to_owned());
+    }
+    match &v.input {
+        Loose::Absent | Loose::Null => {
+            return Err(GatewayError::invalid("input", "`input` is required"))
+        }
+        Loose::Str(s) => push(
+            &mut r.messages,
+            Role::User,
+            vec![Part::Text(s.clone().into_owned())],
+        ),
+        Loose::Arr(items) => {
+            for (i, item) in items.iter().enumerate() {
+                item_to_ir(&mut r, item, i)?;
+            }
+        }
+        _ => {
+            return Err(GatewayError::invalid(
+                "input",
+                "`input` must be a string or an array of items",
+            ))
+        }
+    }
+    let tools = v.tools.typed.get_array(|| "tools".into())?;
+    for (i, tool) in tools.unwrap_or(&[]).iter().enumerate() {
+        let at = |field: &str| format!("tools[{i}].{field}");
+        match tool.kind.as_str() {
+            Some("function") => r.tools.push(Tool {
+                name: tool.name.req_str(|| at("name"))?.to_owned(),
+                description: tool
+                    .description
+                    .get_str(|| at("description"))?
+                    .map(str::to_owned),
+                parameters: match tool.parameters.0.filter(|p| p.get() != "null") {
+                    Some(p) => p.into(),
+                    None => ir::RawJson(lax::raw_const(EMPTY_SCHEMA)?),
+                },
+                strict: tool.strict.get_bool(|| at("strict"))?,
+            }),
+            other => {
+                return Err(unsupported(
+                    &at("type"),
+                    &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")),
+                ))
+            }
+        }
+    }
+    r.tool_choice = match &v.tool_choice.typed {
+        Loose::Absent | Loose::Null => None,
+        Loose::Str(s) => Some(match &**s {
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => ToolChoice::Auto,
+        }),
+        other => match other
+            .as_object()
+            .map(|o| (o.kind.as_str(), o.name.as_str()))
+        {
+            Some((Some("function"), Some(n))) => Some(ToolChoice::Named(n.to_owned())),
+            _ => {
+                return Err(unsupported(
+                    "tool_choice",
+                    "only none, auto, required or a named function",
+                ))
+            }
+        },
+    };
+    r.parallel_tool_calls = v
+        .parallel_tool_calls
+        .typed
+        .get_bool(|| "parallel_tool_calls".into())?;
+    r.max_tokens = v.max_output_tokens.typed.get_u64("max_output_tokens", 1)?;
+    r.temperature = v.temperature.typed.get_f64_in("temperature", 0.0, 2.0)?;
+    r.top_p = v.top_p.typed.get_f64_in("top_p", 0.0, 1.0)?;
+    r.stream = v.stream.get_bool(|| "stream".into())?.unwrap_or(false);
+    r.user = v.user.get_str(|| "user".into())?.map(str::to_owned);
+    if let Some(effort) = v.reasoning.effort.typed.as_str() {
+        r.thinking = Some(ir::Thinking {
+            enabled: effort != "none",
+            budget_tokens: None,
+            effort: Some(effort.to_owned()),
+        });
+    }
+    r.response_format = match &v.text.format {
+        Loose::Absent | Loose::Null => None,
+        Loose::Obj(f) => Some(match f.kind.as_str() {
+            Some("json_object") => ir::ResponseFormat::JsonObject,
+            Some("json_schema") => ir::ResponseFormat::JsonSchema {
+                name: f.name.as_str().unwrap_or("response").to_owned(),
+                description: f.description.as_str().map(str::to_owned),
+                schema: match f.schema.0 {
+                    Some(s) => s.into(),
+                    None => ir::RawJson(lax::raw_const(r#"{"type":"object"}"#)?),
+                },
+                strict: f.strict.as_bool(),
+            },
+            _ => ir::ResponseFormat::Text,
+        }),
+        _ => Some(ir::ResponseFormat::Text),
+    };
+    let ctx = ClientContext {
+        echo: Arc::new(Echo::from_request(&v)),
+    };
+    Ok((r, ctx))
+}
+
+// === the upstream's body ===
+
+#[derive(Serialize)]
+struct ResponsesRequestOut<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<String>,
+    input: Vec<ItemOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ToolOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoiceOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<ReasoningOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<TextOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    store: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ItemOut<'a> {
+    Message {
+        role: &'static str,
+        content: Vec<ContentOut<'a>>,
+    },
+    FunctionCall {
+        call_id: &'a str,
+        name: &'a str,
+        arguments: &'a str,
+    },
+    FunctionCallOutput {
+        call_id: &'a str,
+        output: String,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ContentOut<'a> {
+    InputText {
+        text: &'a str,
+    },
+    OutputText {
+        text: &'a str,
+        annotations: &'static [u8],
+    },
+    InputImage {
+        image_url: String,
+        detail: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct ToolOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    /// Written as `null` when absent, as the upstream has always received it.
+    description: Option<&'a str>,
+    parameters: &'a RawValue,
+    strict: bool,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ToolChoiceOut<'a> {
+    Mode(&'static str),
+    Named {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        name: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct ReasoningOut<'a> {
+    effort: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct TextOut<'a> {
+    format: FormatOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum FormatOut<'a> {
+    JsonObject,
+    JsonSchema {
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<&'a str>,
+        schema: &'a RawValue,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+    },
+}
+
+// === IR → responses upstream ===
+
+fn message_items<'a>(m: &'a ir::Message, input: &mut Vec<ItemOut<'a>>) {
+    let role = if m.role == Role::User {
+        "user"
+    } else {
+        "assistant"
+    };
+    let mut parts = Vec::new();
+    let flush = |parts: &mut Vec<ContentOut<'a>>, input: &mut Vec<ItemOut<'a>>| {
+        if !parts.is_empty() {
+            input.push(ItemOut::Message {
+                role,
+                content: std::mem::take(parts),
+            });
+        }
+    };
+    for p in &m.content {
+        match p {
+            Part::Text(text) => parts.push(if m.role == Role::User {
+                ContentOut::InputText { text }
+            } else {
+                ContentOut::OutputText {
+                    text,
+                    annotations: &[],
+                }
+            }),
+            Part::Image(img) => parts.push(ContentOut::InputImage {
+                image_url: img.source.to_url(),
+                detail: img.detail.as_deref().unwrap_or("auto"),
+            }),
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => {
+                flush(&mut parts, input);
+                input.push(ItemOut::FunctionCall {
+                    call_id: id,
+                    name,
+                    arguments,
+                });
+            }
+            Part::ToolResult {
+                call_id,
+                content,
+                is_error,
+            } => {
+                flush(&mut parts, input);
+                let mut output = tool_result_text(content);
+                if *is_error {
+                    output = format!("Error: {output}");
+                }
+                input.push(ItemOut::FunctionCallOutput { call_id, output });
+            }
+            // A reasoning item needs OpenAI's own id and encrypted content to mean anything there.
+            Part::Reasoning(_) => {}
+        }
+    }
+    flush(&mut parts, input);
+}
+
+/// Builds the responses request body for an upstream from the IR.
+pub fn ir_to_request(
+    r: &ir::Request,
+    upstream_model: &str,
+    _target: &Target,
+) -> Result<(Vec<u8>, UpstreamContext), GatewayError> {
+    // Stop sequences were refused by the Capabilities check before this runs.
+    let mut input = Vec::with_capacity(r.messages.len());
+    for m in &r.messages {
+        message_items(m, &mut input);
+    }
+    let tools = r
+        .tools
+        .iter()
+        .map(|t| ToolOut {
+            kind: "function",
+            name: &t.name,
+            description: t.description.as_deref(),
+            parameters: t.parameters.as_raw(),
+            strict: t.strict.unwrap_or(false),
+        })
+        .collect();
+    let tool_choice = r.tool_choice.as_ref().map(|tc| match tc {
+        ToolChoice::None => ToolChoiceOut::Mode("none"),
+        ToolChoice::Auto => ToolChoiceOut::Mode("auto"),
+        ToolChoice::Required => ToolChoiceOut::Mode("required"),
+        ToolChoice::Named(name) => ToolChoiceOut::Named {
+            kind: "function",
+            name,
+        },
+    });
+    let reasoning = r.thinking.as_ref().and_then(|th| {
+        if th.enabled {
+            let effort = th.effort.as_deref().unwrap_or_else(|| {
+                th.budget_tokens
+                    .map_or("medium", crate::thinking::budget_to_effort)
+            });
+            Some(ReasoningOut {
+                effort,
+                summary: Some("auto"),
+            })
+        } else {
+            th.effort.as_deref().map(|effort| ReasoningOut {
+                effort,
+                summary: None,
+            })
+        }
+    });
+    let format = match &r.response_format {
+        None | Some(ir::ResponseFormat::Text) => None,
+        Some(ir::ResponseFormat::JsonObject) => Some(FormatOut::JsonObject),
+        Some(ir::ResponseFormat::JsonSchema {
+            name,
+            description,
+            schema,
+            strict,
+        }) => Some(FormatOut::JsonSchema {
+            name,
+            description: description.as_deref(),
+            schema: schema.as_raw(),
+            strict: *strict,
+        }),
+    };
+    let out = ResponsesRequestOut {
+        model: upstream_model,
+        instructions: (!r.system.is_empty()).then(|| r.system.join("\n\n")),
+        input,
+        tools,
+        tool_choice,
+        parallel_tool_calls: r.parallel_tool_calls,
+        max_output_tokens: r.max_tokens,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        reasoning,
+        text: format.map(|format| TextOut { format }),
+        user: r.user.as_deref(),
+        // The gateway never refers back to stored responses, so do not ask the upstream to keep them.
+        store: false,
+        stream: r.stream.then_some(true),
+    };
+    Ok((encoded(&out)?, UpstreamContext))
+}

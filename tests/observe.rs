@@ -1,0 +1,334 @@
+//! Requests observed to their end on the real binary with `--log-format json`: the access log line and the metrics after a JSON reply, a stream, a client that leaves mid-stream and an upstream that breaks mid-stream, with exact token counts.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "test code: a failed setup step should fail the test loudly, and test tasks end with the test"
+)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+struct Served {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    base: String,
+    admin: String,
+}
+
+impl Served {
+    fn start(config: &str, flag: bool) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "modelgate-observe-{}-{}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"));
+        cmd.arg("serve").arg("--config").arg(&path);
+        if flag {
+            cmd.args(["--log-format", "json"]);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .env("UPSTREAM_KEY", "up-secret")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let (mut base, mut admin) = (None, None);
+        while base.is_none() || admin.is_none() {
+            let line = lines
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the gateway prints its listeners");
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
+            let msg = v["message"].as_str().unwrap_or("");
+            if let Some(url) = msg.strip_prefix("listening on ") {
+                match v["listener"].as_str() {
+                    Some("base") => base = Some(url.to_owned()),
+                    Some("admin") => admin = Some(url.to_owned()),
+                    _ => {}
+                }
+            }
+        }
+        Self {
+            child,
+            lines,
+            base: base.unwrap(),
+            admin: admin.unwrap(),
+        }
+    }
+
+    /// The next access-log line (as JSON). Polled without blocking the thread: the fake
+    /// upstream runs on this test's runtime and must keep sending meanwhile.
+    async fn access(&self) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) => {
+                    let v: Value = serde_json::from_str(&line).unwrap();
+                    // Scrapes of /metrics are requests too; these tests follow the others.
+                    if v["target"] == "modelgate::access" && v["address"] != "admin" {
+                        return v;
+                    }
+                }
+                Err(_) => {
+                    assert!(std::time::Instant::now() < deadline, "no access log line");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn gateway_config(up: &str, json_in_file: bool) -> String {
+    let log = if json_in_file {
+        "[log]\nformat = \"json\"\n"
+    } else {
+        ""
+    };
+    config(
+        up,
+        &format!(
+            r#"
+{log}
+[[upstreams]]
+name = "up"
+kind = "chat"
+base_url = "{{UPSTREAM}}/v1"
+api_key_env = "UPSTREAM_KEY"
+
+[[models]]
+name = "m*"
+upstream = "up"
+retry = {{ attempts = 1 }}
+"#
+        ),
+    )
+}
+
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[tokio::test]
+async fn every_request_is_logged_and_measured_at_its_end() {
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":21,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n";
+    let up = FakeUpstream::start(move |seen| {
+        let v = seen.json();
+        match v["model"].as_str().unwrap_or("") {
+            "m-json" => Reply::json(
+                200,
+                json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 3}}}),
+            ),
+            "m-stream" => Reply::sse(vec![
+                (Duration::ZERO, chunk),
+                (Duration::from_millis(30), chunk),
+                (Duration::ZERO, usage),
+                (Duration::ZERO, "data: [DONE]\n\n"),
+            ]),
+            // Keeps sending: the gateway learns the client left at its next write.
+            "m-slow" => Reply::sse(
+                std::iter::repeat_n((Duration::from_millis(50), chunk), 100).collect(),
+            ),
+            // A stream whose connection drops after its first chunk.
+            _ => Reply::Stream {
+                status: 200,
+                content_type: "text/event-stream",
+                chunks: vec![
+                    (Duration::ZERO, bytes::Bytes::from_static(chunk.as_bytes())),
+                    (Duration::from_millis(50), bytes::Bytes::from_static(chunk.as_bytes())),
+                ],
+                abort: true,
+            },
+        }
+    })
+    .await;
+    let served = Served::start(&gateway_config(&up.url(), false), true);
+    let url = format!("{}/v1/chat/completions", served.base);
+
+    let (status, _, _) = post_json(&url, chat_body("m-json")).await;
+    assert_eq!(status, 200);
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "ok");
+    assert_eq!(log["status"], 200);
+    assert_eq!(log["key"], "test");
+    assert_eq!(log["model"], "m-json", "the name the client sent");
+    assert_eq!(log["upstream"], "up");
+    assert_eq!(log["attempts"], 1);
+    assert_eq!(
+        (
+            &log["input_tokens"],
+            &log["output_tokens"],
+            &log["cached_tokens"]
+        ),
+        (&json!(11), &json!(7), &json!(3))
+    );
+    assert!(log["ttfb_ms"].as_f64().unwrap() > 0.0);
+    assert!(log["duration_ms"].as_f64().unwrap() >= log["ttfb_ms"].as_f64().unwrap());
+    assert!(log["request_id"].as_str().unwrap().starts_with("req_"));
+
+    let mut body = chat_body("m-stream");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let text = post_text(&url, &body).await;
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "ok");
+    assert_eq!(
+        (
+            &log["input_tokens"],
+            &log["output_tokens"],
+            &log["cached_tokens"]
+        ),
+        (&json!(21), &json!(2), &json!(16))
+    );
+    // The line is written at the end: its duration covers the 30 ms pause in the stream.
+    assert!(log["duration_ms"].as_f64().unwrap() >= 30.0, "{log}");
+    assert!(log["ttfb_ms"].as_f64().unwrap() < log["duration_ms"].as_f64().unwrap());
+
+    // A client that leaves mid-stream.
+    let mut body = chat_body("m-slow");
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(&url)
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    // The stream is open: in flight until its last byte, well past its head.
+    let during = served.metrics().await;
+    assert_eq!(
+        metric(&during, "modelgate_in_flight_streams"),
+        Some(1.0),
+        "{during}"
+    );
+    assert_eq!(metric(&during, "modelgate_in_flight_requests"), Some(1.0));
+    drop(resp);
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "client_cancelled", "{log}");
+    assert_eq!(log["model"], "m-slow");
+
+    // An upstream that breaks after the first byte: the in-stream error, and the outcome.
+    let mut body = chat_body("m-broken");
+    body["stream"] = json!(true);
+    let text = post_text(&url, &body).await;
+    assert!(text.contains("\"error\""), "{text}");
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "upstream_error", "{log}");
+    assert_eq!(log["status"], 200);
+
+    // A refusal before any upstream.
+    let (status, _, _) = post_json(&url, chat_body("other")).await;
+    assert_eq!(status, 404);
+    assert_eq!(served.access().await["outcome"], "refused");
+
+    let text = served.metrics().await;
+    let ok_json = "modelgate_requests_total{model=\"m*\",upstream=\"up\",protocol=\"chat\",status=\"200\",outcome=\"ok\"}";
+    assert_eq!(metric(&text, ok_json), Some(2.0), "{text}");
+    for (outcome, n) in [("client_cancelled", 1.0), ("upstream_error", 1.0)] {
+        let line = format!("modelgate_requests_total{{model=\"m*\",upstream=\"up\",protocol=\"chat\",status=\"200\",outcome=\"{outcome}\"}}");
+        assert_eq!(metric(&text, &line), Some(n), "{line} in {text}");
+    }
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_tokens_total{model=\"m*\",key=\"test\",direction=\"input\"}"
+        ),
+        Some(32.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_tokens_total{model=\"m*\",key=\"test\",direction=\"cached\"}"
+        ),
+        Some(19.0)
+    );
+    assert_eq!(
+        metric(&text, "modelgate_request_duration_seconds_count{model=\"m*\",upstream=\"up\",protocol=\"chat\"}"),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(&text, "modelgate_time_to_first_byte_seconds_count{model=\"m*\",upstream=\"up\",protocol=\"chat\"}"),
+        Some(4.0),
+        "every one of the four sent a first byte"
+    );
+    // Inter-chunk gaps: the stream's 30 ms pause lands above the 16 ms bucket.
+    let gaps = metric(
+        &text,
+        "modelgate_inter_chunk_seconds_count{model=\"m*\",upstream=\"up\"}",
+    )
+    .unwrap();
+    assert!(gaps >= 2.0, "{text}");
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_upstream_attempts_total{upstream=\"up\",result=\"ok\"}"
+        ),
+        Some(4.0)
+    );
+    // Everything finished (the scrape itself is counted only once its answer is made).
+    assert_eq!(metric(&text, "modelgate_in_flight_streams"), Some(0.0));
+    assert_eq!(metric(&text, "modelgate_in_flight_requests"), Some(0.0));
+}
+
+#[tokio::test]
+async fn the_config_file_can_ask_for_json_lines() {
+    let served = Served::start(&gateway_config("http://127.0.0.1:9", true), false);
+    let (status, _, _) = post_json(
+        &format!("{}/v1/chat/completions", served.base),
+        chat_body("nope"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "refused");
+    assert_eq!(log["status"], 404);
+}
