@@ -26,17 +26,28 @@ use modelgate::store::{contract, Limit, RedisStore, Store};
 struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Certificate and key files: the server then speaks TLS only.
+    tls: Option<(String, String)>,
 }
 
 impl RedisServer {
     /// Starts one on a free port and waits until it answers PING.
     fn start() -> Self {
-        // Redis has no `--port 0`: borrow a free port from the kernel, then hand it over.
+        Self::start_with(None)
+    }
+
+    fn start_with(tls: Option<(String, String)>) -> Self {
+        // Redis has no `--port 0` (it means "no plain port"): borrow a free port from the
+        // kernel, then hand it over.
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let mut server = Self { port, child: None };
+        let mut server = Self {
+            port,
+            child: None,
+            tls,
+        };
         server.restart();
         server
     }
@@ -47,8 +58,15 @@ impl RedisServer {
 
     /// (Re)starts the server on the same port, with no persistence, and waits for PING.
     fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some((cert, key)) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args(["--tls-cert-file", cert, "--tls-key-file", key])
+                .args(["--tls-auth-clients", "no"]),
+        };
+        let child = cmd
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -81,10 +99,14 @@ impl RedisServer {
         }
     }
 
+    /// Answers PING; over TLS, only that the port accepts (the store's own calls check more).
     fn pings(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
+        if self.tls.is_some() {
+            return true;
+        }
         let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
         let mut buf = [0_u8; 7];
         s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
@@ -305,6 +327,37 @@ async fn a_store_made_while_redis_is_down_connects_when_it_comes_up() {
     redis.restart();
     let v = store.admit("k", &rpm(60), "s", now_ms()).await.unwrap();
     assert_eq!(v.refused, None);
+}
+
+#[tokio::test]
+async fn a_rediss_url_speaks_tls() {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let dir = std::env::temp_dir().join(format!("modelgate-redis-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let redis = RedisServer::start_with(Some((
+        cert.display().to_string(),
+        key.display().to_string(),
+    )));
+    // A self-signed certificate: `#insecure` skips the check of its issuer (the crate's URL
+    // flag); what is tested is the TLS path itself (rustls with this build's crypto provider).
+    let url = format!("rediss://localhost:{}/#insecure", redis.port);
+    let store = Store::Redis(Arc::new(RedisStore::new(&url)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let v = loop {
+        match store.admit("tls", &rpm(60), "s", now_ms()).await {
+            Ok(v) => break v,
+            Err(e) => assert!(Instant::now() < deadline, "no TLS answer in 5 s: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(v.refused, None);
+    // A plain connection to the TLS port is refused (it speaks TLS only).
+    let plain = RedisStore::new(&format!("redis://localhost:{}/", redis.port));
+    assert!(plain.admit("tls", &rpm(60), "s", now_ms()).await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---- Through the gateway: two in-process gateways on one Redis. ----

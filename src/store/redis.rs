@@ -366,6 +366,18 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
+    #[test]
+    fn every_url_form_the_config_accepts_opens() {
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis://user:pw@redis.internal:6380/",
+            "rediss://redis.example.com:6380/",
+            "unix:///run/redis.sock",
+        ] {
+            assert!(RedisStore::open(url).is_ok(), "{url}");
+        }
+    }
+
     #[tokio::test]
     async fn an_unreachable_redis_fails_within_the_timeout() {
         // Port 1 on localhost: nothing listens, the connection is refused at once.
