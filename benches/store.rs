@@ -1,4 +1,4 @@
-//! The cost of one limit check: `admit` (all four limits set) on the in-process store and on a local Redis, next to a bare Redis PING (the round trip the script cannot avoid), and `charge`.
+//! The cost of one limit check: `admit` (all four limits set) on the in-process store and on a local Redis, next to a bare Redis PING (the round trip the script cannot avoid), and `charge`; then a whole passthrough request through the gateway with limits off, on in process, and on in Redis.
 //!
 //! Starts its own `redis-server` on a free port (no persistence), as tests/store_redis.rs does;
 //! without one it stops with a message. Client and Redis share this machine's cores, so the Redis
@@ -7,8 +7,13 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    reason = "bench setup: a failure should stop the bench loudly"
+    clippy::disallowed_methods,
+    reason = "bench setup: a failure should stop the bench loudly; the fake upstream's tasks live as long as the bench"
 )]
+
+// The tests' harness: the gateway in-process and a fake upstream on loopback.
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::hint::black_box;
 use std::io::{Read, Write};
@@ -145,5 +150,116 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-criterion_group!(store_benches, benches);
+/// A key per case: `sk-test` unlimited (in `common::config`), `sk-rpm` with only rpm, `sk-all`
+/// with every limit; none is ever reached.
+fn gateway_config(upstream: &str, store: &str) -> String {
+    common::config(
+        upstream,
+        &format!(
+            r#"
+{store}
+
+[[keys]]
+name = "rpm"
+key = "sk-rpm"
+rpm = 4000000000
+
+[[keys]]
+name = "all"
+key = "sk-all"
+rpm = 4000000000
+tpm = 1000000000000000
+max_concurrent = 1000000
+daily_tokens = 1000000000000000
+
+[[upstreams]]
+name = "up"
+kind = "chat"
+base_url = "{{UPSTREAM}}/v1"
+
+[[models]]
+name = "m"
+upstream = "up"
+"#
+        ),
+    )
+}
+
+/// One non-streaming chat request through the gateway, per limit setting. The client, the
+/// gateway and the fake upstream share one thread here, so the differences between the cases
+/// are what each adds on that thread plus its wait for Redis.
+fn gateway_benches(c: &mut Criterion) {
+    let redis = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/", redis.port);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_up, local_gw, redis_gw, client) = rt.block_on(async {
+        let up = common::FakeUpstream::start(|_| {
+            common::Reply::json(
+                200,
+                serde_json::json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
+            )
+        })
+        .await;
+        let local = common::TestGateway::start(&gateway_config(&up.url(), "")).await;
+        let remote = common::TestGateway::start_with_env(
+            &gateway_config(
+                &up.url(),
+                "[store]\nredis_url_env = \"MODELGATE_REDIS_URL\"\non_error = \"deny\"",
+            ),
+            &[("MODELGATE_REDIS_URL", &url)],
+        )
+        .await;
+        (up, local, remote, common::client())
+    });
+    let body = serde_json::to_vec(&common::chat_body("m")).unwrap();
+    let mut group = c.benchmark_group("gateway");
+    for (name, gw, key) in [
+        ("limits-off", &redis_gw, "sk-test"),
+        ("rpm-local", &local_gw, "sk-rpm"),
+        ("rpm-redis", &redis_gw, "sk-rpm"),
+        ("all-redis", &redis_gw, "sk-all"),
+    ] {
+        let target = gw.base("/v1/chat/completions");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let resp = client
+                        .post(&target)
+                        .bearer_auth(key)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(resp.status(), 200, "{name}");
+                    black_box(resp.bytes().await.unwrap())
+                })
+            });
+        });
+    }
+    group.finish();
+
+    // Every command Redis saw from the gateways: one EVALSHA per limited request, nothing else
+    // on the request's path (charges and releases run after the response).
+    let stats: String = rt
+        .block_on(async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+        })
+        .unwrap();
+    for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+        println!("gateway redis {line}");
+    }
+}
+
+criterion_group!(store_benches, benches, gateway_benches);
 criterion_main!(store_benches);
