@@ -226,6 +226,8 @@ fn stat_row(s: &mut String, name: &str, v: &Option<Summary>, signed: bool) {
     match v {
         Some(v) => {
             for x in v.values() {
+                // A difference that rounds to zero prints as +0.00, not -0.00.
+                let x = if x.abs() < 0.005 { 0.0 } else { x };
                 if signed {
                     let _ = write!(s, "{x:>+10.2}");
                 } else {
