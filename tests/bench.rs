@@ -609,3 +609,46 @@ fn html_report_renders_in_headless_chromium() {
         .count();
     assert!(blue > 200, "only {blue} pixels of the TTFT colour");
 }
+
+#[test]
+fn dataset_lines_are_sent_in_turn_with_the_model_replaced() {
+    let mock = Mock::start();
+    let dir = temp_dir("dataset");
+    let file = dir.join("bodies.jsonl");
+    std::fs::write(
+        &file,
+        concat!(
+            r#"{"model":"x","messages":[{"role":"user","content":"one two three"}]}"#,
+            "\n\n",
+            r#"{"model":"x","messages":[{"role":"user","content":"a b"}],"stream":true}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let run = bench(
+        "dataset-run",
+        &[
+            "--url",
+            &mock.url,
+            "--model",
+            "demo",
+            "--no-stream",
+            "--requests",
+            "4",
+            "--dataset",
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_shape(&run.json);
+    // The mock answers "You said: <prompt>", one token per word: 5, then 4, in turn.
+    let tokens: Vec<u64> = run.json["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["output_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(tokens, [5, 4, 5, 4]);
+    assert_eq!(run.json["endpoints"][0]["model"], "demo");
+}
