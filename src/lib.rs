@@ -30,6 +30,7 @@
 
 pub mod attempt;
 pub mod auth;
+pub mod bench;
 pub mod body;
 pub mod boxed;
 pub mod config;

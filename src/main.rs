@@ -53,6 +53,8 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         chunk_delay_ms: u64,
     },
+    /// Measure latency and throughput of an endpoint (or compare two): TTFT, inter-token gaps, TPOT, end to end.
+    Bench(Box<modelgate::bench::BenchArgs>),
 }
 
 fn config_path(flag: Option<PathBuf>) -> PathBuf {
@@ -99,6 +101,7 @@ fn main() -> ExitCode {
             init_logging();
             run(run_mock(listen, Duration::from_millis(chunk_delay_ms)))
         }
+        Command::Bench(args) => run(modelgate::bench::run(*args)),
     }
 }
 

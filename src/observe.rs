@@ -46,8 +46,9 @@ pub struct UsageReader {
 
 #[derive(Debug)]
 enum Kind {
-    /// The last `JSON_TAIL` bytes of a JSON body.
-    Json(Vec<u8>),
+    /// The body's last frames, at least `JSON_TAIL` bytes of them when it is that long; kept
+    /// by reference count, so a reply is not copied as it passes.
+    Json(std::collections::VecDeque<Bytes>),
     /// The bytes of an event not complete yet; only events mentioning usage are parsed, so a
     /// stream costs a scan per frame and no allocation per event.
     Sse(Vec<u8>),
@@ -58,7 +59,7 @@ impl UsageReader {
         let kind = if stream {
             Kind::Sse(Vec::new())
         } else {
-            Kind::Json(Vec::new())
+            Kind::Json(std::collections::VecDeque::new())
         };
         Self {
             protocol,
@@ -67,13 +68,14 @@ impl UsageReader {
         }
     }
 
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub fn feed(&mut self, bytes: &Bytes) {
         match &mut self.kind {
-            Kind::Json(tail) => {
-                tail.extend_from_slice(bytes);
-                if tail.len() > 2 * JSON_TAIL {
-                    let cut = tail.len() - JSON_TAIL;
-                    tail.drain(..cut);
+            Kind::Json(frames) => {
+                frames.push_back(bytes.clone());
+                let mut kept: usize = frames.iter().map(Bytes::len).sum();
+                while frames.len() > 1 && kept - frames[0].len() >= JSON_TAIL {
+                    kept -= frames[0].len();
+                    frames.pop_front();
                 }
             }
             Kind::Sse(partial) => {
@@ -98,11 +100,24 @@ impl UsageReader {
     /// The usage seen, once the reply has ended (or been cut).
     pub fn finish(&mut self) -> Tokens {
         match &mut self.kind {
-            Kind::Json(tail) => {
+            Kind::Json(frames) => {
+                // Most replies are one frame: read it in place; join only a split tail.
+                let joined;
+                let tail: &[u8] = match frames.len() {
+                    0 => &[],
+                    1 => &frames[0],
+                    _ => {
+                        joined = frames
+                            .iter()
+                            .flat_map(|f| f.iter().copied())
+                            .collect::<Vec<u8>>();
+                        &joined
+                    }
+                };
                 if let Some(u) = last_usage(tail) {
                     read_usage(self.protocol, &u, &mut self.tokens);
                 }
-                tail.clear();
+                frames.clear();
             }
             Kind::Sse(partial) => {
                 // A last event without its blank line still counts.
@@ -620,7 +635,7 @@ mod tests {
         let mut r = UsageReader::new(protocol, stream);
         // Byte by byte: no frame boundary may matter.
         for b in body.as_bytes() {
-            r.feed(std::slice::from_ref(b));
+            r.feed(&Bytes::copy_from_slice(std::slice::from_ref(b)));
         }
         r.finish()
     }

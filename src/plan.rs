@@ -93,16 +93,29 @@ impl<'b> Plan<'b> {
                 (Some(checked), Protocol::Chat) => {
                     // A chat stream reports usage only when asked; limits need it.
                     strip_usage = self.needs_usage && checked.stream && !checked.include_usage;
-                    let mut obj = self.obj.clone();
-                    if strip_usage {
-                        passthrough::ask_for_usage(&mut obj);
+                    if rename.is_none() && !strip_usage && checked.thinking.is_none() {
+                        // Nothing to edit: the client's bytes as they came, no copy.
+                        self.bytes.clone()
+                    } else {
+                        let mut obj = self.obj.clone();
+                        if strip_usage {
+                            passthrough::ask_for_usage(&mut obj);
+                        }
+                        let checked = ChatChecked {
+                            include_usage: checked.include_usage || strip_usage,
+                            ..*checked
+                        };
+                        passthrough::chat_body(
+                            self.bytes,
+                            obj,
+                            strip_usage,
+                            rename,
+                            target,
+                            &checked,
+                        )
                     }
-                    let checked = ChatChecked {
-                        include_usage: checked.include_usage || strip_usage,
-                        ..*checked
-                    };
-                    passthrough::chat_body(self.bytes, obj, strip_usage, rename, target, &checked)
                 }
+                _ if rename.is_none() => self.bytes.clone(),
                 _ => passthrough::rename_model(self.bytes, self.obj.clone(), rename),
             };
             let guard = match (self.stream, protocol) {
