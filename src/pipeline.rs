@@ -614,13 +614,15 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
-/// Waits for a successful reply's first body frame, so a reply that breaks before its first
-/// byte is still a failure another target can mend; the frame is put back in front.
+/// Waits for a successful event stream's first body frame, so a stream that breaks before its
+/// first byte is still a failure another target can mend; the frame is put back in front.
+/// A JSON reply is not waited for: the extra wake-up cost its added latency 35% at 500 req/s
+/// (benchbed S1), and a JSON body that breaks is rare and answered as a 502.
 async fn first_frame(
     resp: Response<Body>,
     within: Duration,
 ) -> Result<Response<Body>, GatewayError> {
-    if !resp.status().is_success() {
+    if !resp.status().is_success() || !is_event_stream(resp.headers()) {
         return Ok(resp);
     }
     let (parts, mut body) = resp.into_parts();
