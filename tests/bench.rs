@@ -372,11 +372,9 @@ fn whole_replies_have_ttft_equal_to_e2e_and_no_gaps() {
 
 #[test]
 fn nothing_listening_is_a_connect_error() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound but never listening: refused, and no parallel test's listener can get the port.
+    let reserved = reserved_port();
+    let port = reserved.local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}/v1");
     let run = bench(
         "connect",
@@ -651,4 +649,11 @@ fn dataset_lines_are_sent_in_turn_with_the_model_replaced() {
         .collect();
     assert_eq!(tokens, [5, 4, 5, 4]);
     assert_eq!(run.json["endpoints"][0]["model"], "demo");
+}
+
+/// A socket bound to a loopback port without listening, kept by the caller for the test.
+fn reserved_port() -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    socket
 }

@@ -62,10 +62,14 @@ key = "{KEY}"
     )
 }
 
-/// A loopback URL with nothing listening: bind port 0, then let the listener go.
-fn dead_url() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("http://{}", l.local_addr().unwrap())
+/// A loopback URL with nothing listening, and the socket that keeps its port: bound but never
+/// listening, so connections are refused and no other test's listener can be given that port
+/// while the guard lives (a port merely freed was taken by a parallel test's gateway once).
+fn dead_url() -> (String, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let url = format!("http://{}", socket.local_addr().unwrap());
+    (url, socket)
 }
 
 /// A handler that is told which call (0, 1, …) it is answering.
@@ -322,7 +326,8 @@ health = { eject_after = 0 }
 #[tokio::test(start_paused = true)]
 async fn refused_connection_moves_to_the_next_target() {
     let live = FakeUpstream::start(ok("alive")).await;
-    let gw = TestGateway::start(&failing_first_config(&dead_url(), &live.url())).await;
+    let (dead, _reserved) = dead_url();
+    let gw = TestGateway::start(&failing_first_config(&dead, &live.url())).await;
     let mut retried = 0;
     for _ in 0..5 {
         let (status, headers, body) = post_json(&gw.base(CHAT), chat_body("m")).await;
@@ -1314,8 +1319,9 @@ async fn streamed_messages_client_falls_back_to_a_chat_upstream() {
 async fn the_built_in_mock_is_a_fallback_like_any_other() {
     // The primary refuses connections; the fallback is the in-process mock, spoken to in chat,
     // so a /v1/messages client is translated toward it and back.
+    let (dead, _reserved) = dead_url();
     let gw = TestGateway::start(&gateway_config(
-        &[("down", "chat", &dead_url())],
+        &[("down", "chat", &dead)],
         r#"
 [[upstreams]]
 name = "mock"

@@ -23,12 +23,10 @@ fn stream_body(model: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn connection_refused_is_502() {
-    // Bind then drop a listener: nothing listens on that port afterwards.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound but never listening: refused, and no parallel test's listener can get the port.
+    let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+    reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = reserved.local_addr().unwrap().port();
     let gw = TestGateway::start(&chat_config(&format!("http://127.0.0.1:{port}"))).await;
     let (status, _, body) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
     assert_openai_error(status, &body, 502, None);
