@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::config::Protocol;
 use crate::limits::Meter;
 use crate::metrics::{ChunkLabels, Metrics, RequestLabels, RouteLabels, TokenLabels};
+use crate::{ir, translate};
 use prometheus_client::metrics::histogram::Histogram;
 
 /// Tokens a reply reported.
@@ -41,7 +42,7 @@ const JSON_TAIL: usize = 64 * 1024;
 pub struct UsageReader {
     protocol: Protocol,
     kind: Kind,
-    tokens: Tokens,
+    usage: ir::Usage,
 }
 
 #[derive(Debug)]
@@ -64,7 +65,7 @@ impl UsageReader {
         Self {
             protocol,
             kind,
-            tokens: Tokens::default(),
+            usage: ir::Usage::default(),
         }
     }
 
@@ -81,12 +82,12 @@ impl UsageReader {
             Kind::Sse(partial) => {
                 if partial.is_empty() {
                     let end = event_end(bytes);
-                    scan_events(self.protocol, &bytes[..end], &mut self.tokens);
+                    scan_events(self.protocol, &bytes[..end], &mut self.usage);
                     partial.extend_from_slice(&bytes[end..]);
                 } else {
                     partial.extend_from_slice(bytes);
                     let end = event_end(partial);
-                    scan_events(self.protocol, &partial[..end], &mut self.tokens);
+                    scan_events(self.protocol, &partial[..end], &mut self.usage);
                     partial.drain(..end);
                 }
                 // A runaway event is an upstream's fault; usage is never that far into one.
@@ -115,17 +116,21 @@ impl UsageReader {
                     }
                 };
                 if let Some(u) = last_usage(tail) {
-                    read_usage(self.protocol, &u, &mut self.tokens);
+                    read_usage(self.protocol, &u, &mut self.usage);
                 }
                 frames.clear();
             }
             Kind::Sse(partial) => {
                 // A last event without its blank line still counts.
-                scan_events(self.protocol, partial, &mut self.tokens);
+                scan_events(self.protocol, partial, &mut self.usage);
                 partial.clear();
             }
         }
-        self.tokens
+        Tokens {
+            input: self.usage.prompt_total(),
+            output: self.usage.output,
+            cached: self.usage.cache_read,
+        }
     }
 }
 
@@ -137,7 +142,7 @@ fn event_end(buf: &[u8]) -> usize {
 }
 
 /// Reads the usage of every event in `events` (complete events) that mentions it.
-fn scan_events(protocol: Protocol, events: &[u8], tokens: &mut Tokens) {
+fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
     let needle = b"\"usage\"";
     let mut from = 0;
     while let Some(at) = memchr::memmem::find(&events[from..], needle).map(|i| i + from) {
@@ -153,7 +158,7 @@ fn scan_events(protocol: Protocol, events: &[u8], tokens: &mut Tokens) {
             }
         }
         if let Ok(v) = serde_json::from_str::<Value>(&data) {
-            read_event(protocol, &v, tokens);
+            read_event(protocol, &v, usage);
         }
         from = end.max(at + needle.len());
     }
@@ -180,13 +185,9 @@ fn last_usage(tail: &[u8]) -> Option<Value> {
     None
 }
 
-fn n(v: &Value, pointer: &str) -> Option<u64> {
-    v.pointer(pointer).and_then(Value::as_u64)
-}
-
 /// One stream event's usage, by protocol: a chat chunk's `usage`; Anthropic's input in
 /// `message_start` and output in `message_delta`; a terminal Responses event's `response.usage`.
-fn read_event(protocol: Protocol, v: &Value, t: &mut Tokens) {
+fn read_event(protocol: Protocol, v: &Value, t: &mut ir::Usage) {
     let usage = match protocol {
         Protocol::Chat => v.get("usage"),
         Protocol::Messages => v.pointer("/message/usage").or_else(|| v.get("usage")),
@@ -197,47 +198,13 @@ fn read_event(protocol: Protocol, v: &Value, t: &mut Tokens) {
     }
 }
 
-/// A `usage` object in `protocol`'s words. Values replace what was seen (streams repeat them
-/// cumulatively); a field not given keeps its value.
-fn read_usage(protocol: Protocol, u: &Value, t: &mut Tokens) {
+/// A `usage` object in `protocol`'s words, read by that protocol's codec (the same reading the
+/// translation uses). Anthropic's stream splits usage over two events, so it merges.
+fn read_usage(protocol: Protocol, u: &Value, usage: &mut ir::Usage) {
     match protocol {
-        Protocol::Chat => {
-            if let Some(x) = n(u, "/prompt_tokens") {
-                t.input = x;
-            }
-            if let Some(x) = n(u, "/completion_tokens") {
-                t.output = x;
-            }
-            if let Some(x) = n(u, "/prompt_tokens_details/cached_tokens") {
-                t.cached = x;
-            }
-        }
-        Protocol::Messages => {
-            // Anthropic's input_tokens excludes the cache: the prompt is the sum of the three.
-            let plain = n(u, "/input_tokens");
-            let read = n(u, "/cache_read_input_tokens");
-            let write = n(u, "/cache_creation_input_tokens");
-            if plain.is_some() || read.is_some() || write.is_some() {
-                t.input = plain.unwrap_or(0) + read.unwrap_or(0) + write.unwrap_or(0);
-            }
-            if let Some(x) = read {
-                t.cached = x;
-            }
-            if let Some(x) = n(u, "/output_tokens") {
-                t.output = x;
-            }
-        }
-        Protocol::Responses => {
-            if let Some(x) = n(u, "/input_tokens") {
-                t.input = x;
-            }
-            if let Some(x) = n(u, "/output_tokens") {
-                t.output = x;
-            }
-            if let Some(x) = n(u, "/input_tokens_details/cached_tokens") {
-                t.cached = x;
-            }
-        }
+        Protocol::Chat => *usage = translate::chat::usage_from(u),
+        Protocol::Messages => translate::messages::usage_from(u, usage),
+        Protocol::Responses => *usage = translate::responses::usage_from(u),
     }
 }
 

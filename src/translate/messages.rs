@@ -40,7 +40,7 @@ fn finish_name(f: &Finish) -> &'static str {
     }
 }
 
-fn usage_from(u: &Value, into: &mut Usage) {
+pub(crate) fn usage_from(u: &Value, into: &mut Usage) {
     let n = |k: &str| u.get(k).and_then(Value::as_u64);
     if let Some(x) = n("input_tokens") {
         into.input = x;

@@ -37,7 +37,7 @@ fn signature_of(item: &Value) -> Option<String> {
 
 // === replies ===
 
-fn usage_from(u: &Value) -> Usage {
+pub(crate) fn usage_from(u: &Value) -> Usage {
     let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     let cache_read = n("/input_tokens_details/cached_tokens");
     let cache_write = n("/input_tokens_details/cache_write_tokens");
