@@ -113,6 +113,8 @@ pub struct Upstream {
     pub base_url: Option<BaseUrl>,
     pub credential: Option<Secret>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Client headers forwarded to this upstream beyond the built-in allowlist (gateway.md §14).
+    pub forward_headers: Vec<HeaderName>,
     /// Prebuilt URLs for the three LLM protocols, indexed by `Protocol as usize`.
     pub protocol_uris: [Option<Uri>; 3],
     /// For the built-in mock: the protocol it is spoken to in (`protocol = "chat"` by default).
@@ -350,6 +352,17 @@ pub struct Limits {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    /// A client connection with no request in progress is closed after this much silence,
+    /// counted from accept (so a connection that never sends a byte is closed too).
+    pub client_idle_timeout: Duration,
+    /// The longest silence while a request body is being read.
+    pub client_body_timeout: Duration,
+    /// Connections per listener; past it the listener stops accepting until one closes.
+    pub max_connections: usize,
+    /// A non-streamed upstream reply longer than this ends the request with 502.
+    pub max_reply_bytes: u64,
+    /// One server-sent event longer than this ends the stream with the protocol's error.
+    pub max_event_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

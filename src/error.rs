@@ -72,10 +72,15 @@ pub enum ErrorKind {
     ModelNotFound,
     MethodNotAllowed,
     TooLarge,
+    /// The client went silent while sending its request body.
+    RequestTimeout,
     RateLimited,
     UpstreamUnreachable,
     UpstreamBadResponse,
     UpstreamTimeout,
+    /// An upstream refused the gateway's own credential (its 401 or 403): the gateway's fault
+    /// to fix, never the client's key, so a 502.
+    UpstreamAuthFailed,
     /// The shared store is unreachable and `[store] on_error = "deny"`.
     StoreUnavailable,
     Internal,
@@ -90,8 +95,11 @@ impl ErrorKind {
             Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamAuthFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -100,9 +108,10 @@ impl ErrorKind {
 
     fn side(self) -> Side {
         match self {
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
-                Side::Upstream
-            }
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamTimeout
+            | Self::UpstreamAuthFailed => Side::Upstream,
             Self::Internal | Self::StoreUnavailable => Side::Internal,
             _ => Side::Client,
         }
@@ -115,13 +124,15 @@ impl ErrorKind {
             | Self::NotFound
             | Self::ModelNotFound
             | Self::MethodNotAllowed
-            | Self::TooLarge => "invalid_request_error",
+            | Self::TooLarge
+            | Self::RequestTimeout => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
             Self::RateLimited => "rate_limit_error",
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
-                "upstream_error"
-            }
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamTimeout
+            | Self::UpstreamAuthFailed => "upstream_error",
             Self::Internal | Self::StoreUnavailable => "server_error",
         }
     }
@@ -136,10 +147,12 @@ impl ErrorKind {
             Self::ModelNotFound => "model_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::TooLarge => "request_too_large",
+            Self::RequestTimeout => "request_timeout",
             Self::RateLimited => "rate_limit_exceeded",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamBadResponse => "upstream_bad_response",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamAuthFailed => "upstream_auth_failed",
             Self::StoreUnavailable => "store_unavailable",
             Self::Internal => "internal_error",
         }
@@ -148,7 +161,9 @@ impl ErrorKind {
     /// Anthropic's `error.type` (B.6 of the protocol reference).
     fn anthropic_type(self) -> &'static str {
         match self {
-            Self::InvalidRequest | Self::MethodNotAllowed => "invalid_request_error",
+            Self::InvalidRequest | Self::MethodNotAllowed | Self::RequestTimeout => {
+                "invalid_request_error"
+            }
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
             Self::NotFound | Self::ModelNotFound => "not_found_error",
@@ -156,7 +171,10 @@ impl ErrorKind {
             Self::RateLimited => "rate_limit_error",
             Self::UpstreamTimeout => "timeout_error",
             Self::StoreUnavailable => "overloaded_error",
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::Internal => "api_error",
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamAuthFailed
+            | Self::Internal => "api_error",
         }
     }
 
@@ -169,11 +187,13 @@ impl ErrorKind {
             Self::NotFound | Self::ModelNotFound => (100404, "NOT_FOUND"),
             Self::MethodNotAllowed => (100405, "METHOD_NOT_ALLOWED"),
             Self::TooLarge => (100413, "TOO_LARGE"),
+            Self::RequestTimeout => (100408, "REQUEST_TIMEOUT"),
             Self::RateLimited => (100429, "RATE_LIMITED"),
             Self::Internal => (100500, "INTERNAL_ERROR"),
             Self::StoreUnavailable => (100503, "SERVICE_UNAVAILABLE"),
             Self::UpstreamUnreachable | Self::UpstreamBadResponse => (100502, "UPSTREAM_ERROR"),
             Self::UpstreamTimeout => (100504, "UPSTREAM_TIMEOUT"),
+            Self::UpstreamAuthFailed => (100502, "UPSTREAM_AUTH_FAILED"),
         }
     }
 }

@@ -14,16 +14,27 @@ pub struct Services {
     pub limits: Limits,
     /// Per-key limits; its counters outlive reloads, so a key that stays keeps its count.
     pub limiter: Arc<Limiter>,
+    /// Drawn from the OS's random source at start; signs video ids when no secret is configured.
+    pub process_secret: [u8; 32],
 }
 
 impl Services {
-    pub fn new(config: &Config) -> Self {
+    /// Fails only when the OS's random source does: the gateway then refuses to start rather
+    /// than sign with a guessable secret (gateway.md §14).
+    pub fn new(config: &Config) -> std::io::Result<Self> {
+        let mut process_secret = [0u8; 32];
+        getrandom::getrandom(&mut process_secret).map_err(|e| {
+            std::io::Error::other(format!(
+                "the OS random source failed ({e}); refusing to start without secure secrets"
+            ))
+        })?;
         let metrics = Arc::new(Metrics::new());
-        Self {
+        Ok(Self {
             client: UpstreamClient::new(&config.limits),
             limiter: Arc::new(Limiter::new(&config.store, &metrics)),
             metrics,
             limits: config.limits,
-        }
+            process_secret,
+        })
     }
 }

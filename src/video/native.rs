@@ -187,6 +187,7 @@ mod tests {
             base_url: None,
             credential: None,
             headers: Vec::new(),
+            forward_headers: Vec::new(),
             protocol_uris: [None, None, None],
             mock_protocol: None,
         }
