@@ -599,3 +599,99 @@ mod tests {
         assert!(!Tail::default().spans(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
     }
 }
+
+pin_project! {
+    /// An upstream's error body, read whole (error bodies are small, and `max_reply_bytes`
+    /// bounds them) and passed on with every occurrence of `secret` replaced, so an upstream
+    /// that quotes the gateway's credential back never shows it to a client (gateway.md §14).
+    pub struct Redacted<B> {
+        #[pin]
+        inner: B,
+        secret: Bytes,
+        buf: Vec<u8>,
+        max: u64,
+        done: bool,
+    }
+}
+
+impl<B> Redacted<B> {
+    /// `max` bounds what is held (`[limits] max_reply_bytes`).
+    pub fn new(inner: B, secret: Bytes, max: u64) -> Self {
+        Self {
+            inner,
+            secret,
+            buf: Vec::new(),
+            max,
+            done: false,
+        }
+    }
+}
+
+/// Replaces each occurrence of `secret` in `text`.
+pub fn redact(text: &[u8], secret: &[u8]) -> Vec<u8> {
+    const MARK: &[u8] = b"[redacted]";
+    if secret.is_empty() {
+        return text.to_vec();
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = memchr::memmem::find(rest, secret) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(MARK);
+        rest = &rest[at + secret.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+impl<B> HttpBody for Redacted<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        if (this.buf.len() + data.len()) as u64 > *this.max {
+                            *this.done = true;
+                            let e = GatewayError::new(
+                                ErrorKind::UpstreamBadResponse,
+                                format!(
+                                    "the upstream reply is larger than the limit of {} bytes",
+                                    this.max
+                                ),
+                            );
+                            return Poll::Ready(Some(Err(Box::new(e))));
+                        }
+                        this.buf.extend_from_slice(data);
+                    }
+                }
+                Some(Err(e)) => {
+                    *this.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => {
+                    *this.done = true;
+                    let clean = redact(this.buf, this.secret);
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(clean)))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}

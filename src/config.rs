@@ -50,6 +50,12 @@ impl Secret {
     pub fn header_value(&self) -> &HeaderValue {
         &self.0
     }
+
+    /// The credential itself, without an `Authorization` scheme: what an upstream would quote.
+    pub fn key_bytes(&self) -> &[u8] {
+        let v = self.0.as_bytes();
+        v.strip_prefix(b"Bearer ").unwrap_or(v)
+    }
 }
 
 impl fmt::Debug for Secret {

@@ -717,6 +717,19 @@ async fn send(
     let resp = gw.services.client.send(upstream, req).await?;
     let resp = upstream::check_answer(upstream, resp, stream, gw.services.limits.max_reply_bytes)?;
     if !resp.status().is_success() {
+        // Too short a credential would redact ordinary words; real keys are far longer.
+        if let Some(secret) = upstream
+            .credential
+            .as_ref()
+            .map(|c| c.key_bytes())
+            .filter(|k| k.len() >= 8)
+        {
+            let secret = Bytes::copy_from_slice(secret);
+            let max = gw.services.limits.max_reply_bytes;
+            return Ok(resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max))));
+        }
+    }
+    if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
     }
     Ok(resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) }))))

@@ -666,3 +666,31 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
     s.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 200");
 }
+
+#[tokio::test]
+async fn an_upstream_error_body_that_quotes_the_credential_is_redacted() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(
+            400,
+            json!({"error": {"message": "key up-secret-long-1234 cannot use this model", "type": "invalid_request_error"}}),
+        )
+    })
+    .await;
+    let gw = TestGateway::start_with_env(
+        &hostile_config(&up.url()),
+        &[("UPSTREAM_KEY", "up-secret-long-1234")],
+    )
+    .await;
+    // Passthrough: the body is the upstream's, minus the credential.
+    let (status, _, v) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        v["error"]["message"], "key [redacted] cannot use this model",
+        "{v}"
+    );
+    // Translated: the same through Anthropic's shape.
+    let (status, _, v) = post_json(&gw.base("/v1/messages"), messages_body("m")).await;
+    assert_eq!(status, 400);
+    assert!(!v.to_string().contains("up-secret-long-1234"), "{v}");
+    assert!(v.to_string().contains("[redacted]"), "{v}");
+}
