@@ -2,12 +2,13 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use memchr::memmem::{Finder, FinderRev};
 use pin_project_lite::pin_project;
 use serde_json::Value;
 
@@ -134,18 +135,30 @@ impl UsageReader {
     }
 }
 
+/// Searchers for what every frame of a stream is scanned for, built once per process rather
+/// than once per call.
+static BLANK_LINE_REV: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\n\n"));
+static CRLF_BLANK_LINE_REV: LazyLock<FinderRev<'static>> =
+    LazyLock::new(|| FinderRev::new(b"\r\n\r\n"));
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+
 /// Where the complete events in `buf` end (after the last blank line), or 0.
 fn event_end(buf: &[u8]) -> usize {
-    let lf = memchr::memmem::rfind(buf, b"\n\n").map_or(0, |i| i + 2);
-    let crlf = memchr::memmem::rfind(buf, b"\r\n\r\n").map_or(0, |i| i + 4);
+    let lf = BLANK_LINE_REV.rfind(buf).map_or(0, |i| i + 2);
+    // A CRLF stream is rare; only look for its blank line when the frame has a carriage return.
+    let crlf = if memchr::memchr(b'\r', buf).is_some() {
+        CRLF_BLANK_LINE_REV.rfind(buf).map_or(0, |i| i + 4)
+    } else {
+        0
+    };
     lf.max(crlf)
 }
 
 /// Reads the usage of every event in `events` (complete events) that mentions it.
 fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
-    let needle = b"\"usage\"";
+    let needle = USAGE_KEY.needle();
     let mut from = 0;
-    while let Some(at) = memchr::memmem::find(&events[from..], needle).map(|i| i + from) {
+    while let Some(at) = USAGE_KEY.find(&events[from..]).map(|i| i + from) {
         let start = memchr::memmem::rfind(&events[..at], b"\n\n").map_or(0, |i| i + 2);
         let end = memchr::memmem::find(&events[at..], b"\n\n").map_or(events.len(), |i| at + i);
         let mut data = String::new();

@@ -759,15 +759,17 @@ fn wrap_response(
     let stream = is_event_stream(&parts.headers);
     parts.headers = upstream::response_headers(&parts.headers);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
-    let body = if stream {
+    let body: Body = if stream {
         parts
             .headers
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        body.with_event_limit(limits.max_event_bytes)
+        BodyExt::boxed(body::Coalesce::new(
+            body.with_event_limit(limits.max_event_bytes),
+        ))
     } else {
-        body.with_reply_limit(limits.max_reply_bytes)
+        BodyExt::boxed(body.with_reply_limit(limits.max_reply_bytes))
     };
-    Response::from_parts(parts, BodyExt::boxed(body))
+    Response::from_parts(parts, body)
 }
 
 /// The upstream's answer in the client's protocol: a stream translated as it arrives, or a whole
@@ -789,7 +791,7 @@ async fn translated_response(
     if parts.status.is_success() && is_event_stream(&parts.headers) {
         let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
-        let mut resp = Response::new(BodyExt::boxed(translated));
+        let mut resp = Response::new(BodyExt::boxed(body::Coalesce::new(translated)));
         *resp.headers_mut() = headers;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
