@@ -76,6 +76,9 @@ pub enum ErrorKind {
     UpstreamUnreachable,
     UpstreamBadResponse,
     UpstreamTimeout,
+    /// The upstream refused the gateway's own credential (401/403), or no token could be got for it:
+    /// the client's request is fine, the gateway's setup is not (gateway.md §14).
+    UpstreamAuthFailed,
     /// The shared store is unreachable and `[store] on_error = "deny"`.
     StoreUnavailable,
     Internal,
@@ -91,7 +94,9 @@ impl ErrorKind {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamAuthFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -100,9 +105,10 @@ impl ErrorKind {
 
     fn side(self) -> Side {
         match self {
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
-                Side::Upstream
-            }
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamTimeout
+            | Self::UpstreamAuthFailed => Side::Upstream,
             Self::Internal | Self::StoreUnavailable => Side::Internal,
             _ => Side::Client,
         }
@@ -119,9 +125,10 @@ impl ErrorKind {
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
             Self::RateLimited => "rate_limit_error",
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamTimeout => {
-                "upstream_error"
-            }
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamTimeout
+            | Self::UpstreamAuthFailed => "upstream_error",
             Self::Internal | Self::StoreUnavailable => "server_error",
         }
     }
@@ -140,6 +147,7 @@ impl ErrorKind {
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamBadResponse => "upstream_bad_response",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamAuthFailed => "upstream_auth_failed",
             Self::StoreUnavailable => "store_unavailable",
             Self::Internal => "internal_error",
         }
@@ -156,7 +164,10 @@ impl ErrorKind {
             Self::RateLimited => "rate_limit_error",
             Self::UpstreamTimeout => "timeout_error",
             Self::StoreUnavailable => "overloaded_error",
-            Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::Internal => "api_error",
+            Self::UpstreamUnreachable
+            | Self::UpstreamBadResponse
+            | Self::UpstreamAuthFailed
+            | Self::Internal => "api_error",
         }
     }
 
@@ -173,6 +184,7 @@ impl ErrorKind {
             Self::Internal => (100500, "INTERNAL_ERROR"),
             Self::StoreUnavailable => (100503, "SERVICE_UNAVAILABLE"),
             Self::UpstreamUnreachable | Self::UpstreamBadResponse => (100502, "UPSTREAM_ERROR"),
+            Self::UpstreamAuthFailed => (100502, "UPSTREAM_AUTH_FAILED"),
             Self::UpstreamTimeout => (100504, "UPSTREAM_TIMEOUT"),
         }
     }

@@ -14,6 +14,8 @@ pub struct Services {
     pub limits: Limits,
     /// Per-key limits; its counters outlive reloads, so a key that stays keeps its count.
     pub limiter: Arc<Limiter>,
+    /// The video listener's bound address (the config may say port 0), set once it is bound.
+    pub video_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Services {
@@ -24,6 +26,7 @@ impl Services {
             limiter: Arc::new(Limiter::new(&config.store, &metrics)),
             metrics,
             limits: config.limits,
+            video_addr: std::sync::OnceLock::new(),
         }
     }
 }
