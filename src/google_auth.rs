@@ -66,8 +66,8 @@ struct KeyFile {
 impl Source {
     /// Reads a service-account JSON key file as the Cloud console downloads it.
     pub fn from_key_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let file: KeyFile = serde_json::from_slice(&text)
             .map_err(|e| format!("{} is not a JSON key file: {e}", path.display()))?;
         if let Some(kind) = file.kind.as_deref().filter(|k| *k != "service_account") {
@@ -81,13 +81,16 @@ impl Source {
         let pem = file.private_key.ok_or_else(|| missing("private_key"))?;
         // The key's own error text never quotes the key; the path says which file.
         let key = EncodingKey::from_rsa_pem(pem.as_bytes()).map_err(|e| {
-            format!("{}: private_key is not a usable RSA key: {e}", path.display())
+            format!(
+                "{}: private_key is not a usable RSA key: {e}",
+                path.display()
+            )
         })?;
         let token_uri_text = file
             .token_uri
             .unwrap_or_else(|| "https://oauth2.googleapis.com/token".to_owned());
-        let token_uri = http_url(&token_uri_text)
-            .map_err(|e| format!("{}: token_uri {e}", path.display()))?;
+        let token_uri =
+            http_url(&token_uri_text).map_err(|e| format!("{}: token_uri {e}", path.display()))?;
         Ok(Self::ServiceAccount {
             email,
             key_id: file.private_key_id,
@@ -232,7 +235,11 @@ impl GoogleAuth {
         }
     }
 
-    async fn fetch(&self, client: &UpstreamClient, upstream: &Upstream) -> Result<Token, GatewayError> {
+    async fn fetch(
+        &self,
+        client: &UpstreamClient,
+        upstream: &Upstream,
+    ) -> Result<Token, GatewayError> {
         let (req, from) = match &self.source {
             Source::ServiceAccount {
                 email,
@@ -263,10 +270,7 @@ impl GoogleAuth {
                 let req = Request::builder()
                     .method(Method::POST)
                     .uri(token_uri.clone())
-                    .header(
-                        header::CONTENT_TYPE,
-                        "application/x-www-form-urlencoded",
-                    )
+                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
                     .header(header::ACCEPT, "application/json")
                     .body(Full::new(Bytes::from(body)));
                 (req, token_uri)
@@ -302,14 +306,21 @@ impl GoogleAuth {
                 ),
             ));
         }
-        let answer: TokenAnswer = serde_json::from_slice(&bytes).map_err(|_| {
-            failure(upstream, format!("{from} answered without an access_token"))
-        })?;
+        let answer: TokenAnswer = serde_json::from_slice(&bytes)
+            .map_err(|_| failure(upstream, format!("{from} answered without an access_token")))?;
         if answer.access_token.is_empty() {
-            return Err(failure(upstream, format!("{from} answered an empty access_token")));
+            return Err(failure(
+                upstream,
+                format!("{from} answered an empty access_token"),
+            ));
         }
-        let mut header = HeaderValue::try_from(format!("Bearer {}", answer.access_token))
-            .map_err(|_| failure(upstream, format!("{from} answered an unusable access_token")))?;
+        let mut header =
+            HeaderValue::try_from(format!("Bearer {}", answer.access_token)).map_err(|_| {
+                failure(
+                    upstream,
+                    format!("{from} answered an unusable access_token"),
+                )
+            })?;
         header.set_sensitive(true);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() >= 2 {
@@ -392,7 +403,11 @@ mod tests {
         assert!(Source::from_key_file(&path)
             .unwrap_err()
             .contains("authorized_user"));
-        std::fs::write(&path, r#"{"type":"service_account","client_email":"a@b","private_key":"nope"}"#).unwrap();
+        std::fs::write(
+            &path,
+            r#"{"type":"service_account","client_email":"a@b","private_key":"nope"}"#,
+        )
+        .unwrap();
         let e = Source::from_key_file(&path).unwrap_err();
         assert!(e.contains("private_key") && !e.contains("nope"), "{e}");
         assert!(Source::from_key_file(&dir.join("absent.json")).is_err());
@@ -402,7 +417,9 @@ mod tests {
             "urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
         );
         assert_eq!(
-            oauth_detail(br#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#),
+            oauth_detail(
+                br#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#
+            ),
             "invalid_grant: Invalid JWT Signature."
         );
     }

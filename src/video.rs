@@ -240,7 +240,10 @@ impl VideoService {
             .verify_task(&principal.name, id, |u, m| self.prefix(u, m))
             .ok_or_else(not_found)?;
         // §12: a lookup's model is the task's, as its creator named it.
-        let model_name = task.client_model.clone().unwrap_or_else(|| task.model.clone());
+        let model_name = task
+            .client_model
+            .clone()
+            .unwrap_or_else(|| task.model.clone());
         let _ = call.seen.model.set(model_name.clone());
         let upstream = self.upstreams.get(&task.upstream).ok_or_else(|| {
             GatewayError::new(

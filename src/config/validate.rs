@@ -480,7 +480,9 @@ fn check_storage_uri(uri: &str, path: String, vertex: bool, errors: &mut Errors)
         );
         return;
     }
-    let bucket = uri.strip_prefix("gs://").map(|rest| rest.split('/').next().unwrap_or(""));
+    let bucket = uri
+        .strip_prefix("gs://")
+        .map(|rest| rest.split('/').next().unwrap_or(""));
     if bucket.map_or(true, str::is_empty) {
         errors.push(
             path,

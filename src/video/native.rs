@@ -117,7 +117,9 @@ fn outcome(upstream: &Upstream, v: &Value) -> Outcome {
                     Some(ok) => Outcome::succeeded(Video::Public(ok.to_owned())),
                     None => {
                         tracing::warn!(upstream = %upstream.name, "a video upstream reported a file url that is not http(s); not handed out");
-                        Outcome::failed("the upstream reported a file url that is not an http(s) address")
+                        Outcome::failed(
+                            "the upstream reported a file url that is not an http(s) address",
+                        )
                     }
                 }
             }

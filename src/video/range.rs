@@ -245,7 +245,14 @@ mod tests {
             })
         );
         assert_eq!(spec("bytes=-10"), Some(Spec::Suffix(10)));
-        for ignored in ["bytes=0-1,5-6", "items=0-1", "bytes=9-3", "bytes=-", "bytes=a-b", "bytes=+1-2"] {
+        for ignored in [
+            "bytes=0-1,5-6",
+            "items=0-1",
+            "bytes=9-3",
+            "bytes=-",
+            "bytes=a-b",
+            "bytes=+1-2",
+        ] {
             assert_eq!(spec(ignored), None, "{ignored}");
         }
         let len = 100;

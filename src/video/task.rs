@@ -111,7 +111,11 @@ mod tests {
 
     #[test]
     fn only_http_urls_pass() {
-        for ok in ["https://cdn.example/v.mp4", "http://10.0.0.1:8080/a?b=c", "HTTPS://CDN.example/x"] {
+        for ok in [
+            "https://cdn.example/v.mp4",
+            "http://10.0.0.1:8080/a?b=c",
+            "HTTPS://CDN.example/x",
+        ] {
             assert_eq!(http_url(ok), Some(ok), "{ok}");
         }
         for bad in [

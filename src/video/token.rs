@@ -119,9 +119,10 @@ impl Signer {
             None => w.byte(CLIENT_SAME),
             Some(c) if c == task.model => w.byte(CLIENT_SAME),
             Some(c)
-                if task.model.strip_prefix("veo-").is_some_and(|rest| {
-                    c.strip_prefix("video-") == Some(rest)
-                }) =>
+                if task
+                    .model
+                    .strip_prefix("veo-")
+                    .is_some_and(|rest| c.strip_prefix("video-") == Some(rest)) =>
             {
                 w.byte(CLIENT_VIDEO_FOR_VEO);
             }
