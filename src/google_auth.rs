@@ -26,6 +26,8 @@ const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// Lifetime asked for in the JWT assertion (Google's maximum).
 const ASSERTION_LIFETIME_S: u64 = 3600;
+/// The longest a token fetch may take: every request of the upstream waits for it.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// A token answer is a few hundred bytes; anything much larger is not one.
 const ANSWER_LIMIT: usize = 64 * 1024;
 
@@ -212,7 +214,13 @@ impl GoogleAuth {
                 return Err(e.clone());
             }
         }
-        let result = self.fetch(client, upstream).await;
+        let result = match tokio::time::timeout(FETCH_TIMEOUT, self.fetch(client, upstream)).await {
+            Ok(r) => r,
+            Err(_) => Err(failure(
+                upstream,
+                format!("no token within {} s", FETCH_TIMEOUT.as_secs()),
+            )),
+        };
         self.fetches.fetch_add(1, Ordering::Release);
         match result {
             Ok(token) => {

@@ -744,16 +744,14 @@ async fn the_mock_file_serves_ranges_too() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let file = Bytes::from(
-        client()
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap(),
-    );
+    let file = client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     assert!(file.len() > 1000);
     let (status, h, bytes) = range_get(&url, Some("bytes=-100"), false).await;
     assert_eq!(status, 206);

@@ -80,6 +80,12 @@ pub fn scrub(upstream: &Upstream, text: &str) -> String {
     out
 }
 
+/// [`detail`] of an upstream's error body, scrubbed of its credential before anything is cut.
+pub fn safe_detail(upstream: &Upstream, body: &[u8]) -> String {
+    // A token is base64url and dots: replacing it inside a JSON string keeps the JSON valid.
+    detail(scrub(upstream, &String::from_utf8_lossy(body)).as_bytes())
+}
+
 /// Sends one request to `upstream` and waits for its head (first-byte timeout).
 pub async fn send(
     gw: &Services,
@@ -130,7 +136,7 @@ pub fn upstream_error(
         tracing::warn!(
             upstream = %upstream.name,
             status = status.as_u16(),
-            detail = %scrub(upstream, &detail(body)),
+            detail = %safe_detail(upstream, body),
             "the upstream refused the gateway's credential"
         );
         return GatewayError::new(
@@ -160,7 +166,7 @@ pub fn upstream_error(
                 "upstream {:?} answered {}: {}",
                 upstream.name,
                 status.as_u16(),
-                scrub(upstream, &detail(body))
+                safe_detail(upstream, body)
             ),
         ),
         retry_after: headers.get(header::RETRY_AFTER).cloned().map(Box::new),

@@ -232,7 +232,7 @@ pub async fn poll(
             // An operation Google no longer knows (expired, or never was) ends the task (§E.5).
             return Ok(Outcome::failed(format!(
                 "the upstream no longer knows this operation: {}",
-                call::scrub(upstream, &call::detail(&bytes))
+                call::safe_detail(upstream, &bytes)
             )));
         }
         return Err(call::upstream_error(
