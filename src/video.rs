@@ -90,6 +90,11 @@ impl VideoService {
             .filter(|u| u.kind.is_video() || u.kind == UpstreamKind::Mock)
             .map(|u| (u.name.clone(), u.clone()))
             .collect();
+        for u in config.upstreams.iter() {
+            if let Some(auth) = &u.google {
+                tracing::info!(upstream = %u.name, source = ?auth.source(), "Google credentials for a Vertex upstream");
+            }
+        }
         let cache = Cache::builder()
             .max_capacity(CACHE_ENTRIES)
             .expire_after(TaskExpiry {

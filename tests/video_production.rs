@@ -386,6 +386,42 @@ async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_e
 }
 
 #[tokio::test]
+async fn a_token_not_yet_expired_is_used_while_its_refresh_fails() {
+    let (logs, _guard) = Logs::capture();
+    let g = Google::new();
+    let up = g.start().await;
+    let path = key_file(&format!("{}/token", up.url()));
+    let gw = vertex_gateway(
+        &up.url(),
+        &format!("credentials_file = {:?}", path.to_str().unwrap()),
+        "",
+        &[],
+    )
+    .await;
+    // Inside the refresh margin, but valid for 200 s more.
+    *g.expires_in.lock().unwrap() = 200;
+    create(&gw, &body(MODEL)).await.task_id();
+    *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
+    let a = create(&gw, &body(MODEL)).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert!(logs
+        .text()
+        .contains("refreshing the Google access token failed"));
+    *g.token_error.lock().unwrap() = None;
+    *g.expires_in.lock().unwrap() = 3600;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(
+        authorization(&up, is_vertex),
+        [
+            "Bearer ya29.tok-1",
+            "Bearer ya29.tok-1",
+            "Bearer ya29.tok-2"
+        ],
+        "the failed refresh was tried again by the next request"
+    );
+}
+
+#[tokio::test]
 async fn google_application_credentials_names_the_key_file() {
     let g = Google::new();
     let up = g.start().await;
@@ -501,11 +537,24 @@ async fn the_metadata_server_supplies_tokens_on_google_cloud() {
         authorization(&up, is_vertex),
         ["Bearer ya29.tok-1", "Bearer ya29.tok-1"]
     );
+    // Refreshed like any token: one within the margin is replaced by the next request.
+    *g.expires_in.lock().unwrap() = 100;
+    let gw = vertex_gateway(
+        &up.url(),
+        &format!("metadata_url = \"{}\"", up.url()),
+        "",
+        &[],
+    )
+    .await;
+    create(&gw, &body(MODEL)).await.task_id();
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 3);
+    *g.expires_in.lock().unwrap() = 3600;
     // GCE_METADATA_HOST, as Google's libraries read it: a bare host:port.
     let host = up.addr.to_string();
     let gw = vertex_gateway(&up.url(), "", "", &[("GCE_METADATA_HOST", &host)]).await;
     create(&gw, &body(MODEL)).await.task_id();
-    assert_eq!(g.fetches(), 2);
+    assert_eq!(g.fetches(), 4);
 }
 
 #[tokio::test]
@@ -725,6 +774,33 @@ async fn ranges_of_an_inline_video_are_cut_from_the_decoded_stream() {
         .unwrap()
         .to_owned();
     check_ranges(&url, &g.file, false).await;
+}
+
+#[tokio::test]
+async fn a_range_follows_a_gemini_download_and_an_unknown_length_is_served_whole() {
+    let script = harness::Script::new();
+    let up = harness::fake(&script).await;
+    let gw = harness::gateway(harness::Kind::Gemini, &up.url()).await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    let file_uri = format!("{}/v1beta/files/abc:download?alt=media", up.url());
+    script.operation(
+        json!({"name": harness::GEMINI_OP, "done": true, "response": {
+        "generateVideoResponse": {"generatedSamples": [{"video": {"uri": file_uri}}]}}}),
+    );
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The fake's file server streams without a length and ignores ranges: the whole file, 200.
+    let (status, h, bytes) = range_get(&url, Some("bytes=0-9"), false).await;
+    assert_eq!(status, 200);
+    assert!(h.get("content-range").is_none());
+    assert!(bytes == script.file);
+    let hops: Vec<Seen> = up.seen().into_iter().rev().take(2).collect();
+    for hop in &hops {
+        assert_eq!(hop.headers["range"], "bytes=0-9", "{}", hop.uri);
+    }
+    assert_eq!(hops[1].headers["x-goog-api-key"], "gemini-key");
 }
 
 #[tokio::test]
