@@ -592,6 +592,17 @@ base_url = "{{UPSTREAM}}/v1/projects/p/locations/l/publishers/google/models"
     assert!(e.contains("upstreams[0].metadata_url"), "{e}");
     let e = parse(toml("api_key_env = \"T\"\nstorage_uri = \"s3://b/\""));
     assert!(e.contains("upstreams[0].storage_uri"), "{e}");
+    let e = parse(toml("api_key_env = \"T\"").replace(
+        "[[upstreams]]",
+        "[video]\ntrusted_hosts = [\"ok.example\", \"evil.example/path\"]\n\n[[upstreams]]",
+    ));
+    assert!(e.contains("video.trusted_hosts[1]"), "{e}");
+    assert!(!e.contains("trusted_hosts[0]"), "{e}");
+    let e = parse(toml("api_key_env = \"T\"") + "\n[[upstreams]]\nname = \"m\"\nkind = \"mock\"\n\n[[models]]\nname = \"video-3.1-generate-001\"\nupstream = \"m\"\nstorage_uri = \"gs://b/\"\n");
+    assert!(
+        e.contains("models[0].storage_uri: only a veo-vertex upstream"),
+        "{e}"
+    );
 }
 
 // --- 2. storage_uri ------------------------------------------------------------------------
