@@ -419,6 +419,20 @@ async fn a_token_not_yet_expired_is_used_while_its_refresh_fails() {
         ],
         "the failed refresh was tried again by the next request"
     );
+
+    // An expired token is not: the failed refresh is the request's failure.
+    let gw = vertex_gateway(
+        &up.url(),
+        &format!("credentials_file = {:?}", path.to_str().unwrap()),
+        "",
+        &[],
+    )
+    .await;
+    *g.expires_in.lock().unwrap() = 0;
+    assert_eq!(create(&gw, &body(MODEL)).await.status, 200);
+    *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
+    let msg = create(&gw, &body(MODEL)).await.error(502);
+    assert!(msg.starts_with("UPSTREAM_AUTH_FAILED: "), "{msg}");
 }
 
 #[tokio::test]
