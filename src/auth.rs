@@ -24,15 +24,12 @@ impl Principal {
         self.models.iter().any(|p| p.matches(name))
     }
 
-    pub fn check_model(&self, name: &str) -> Result<(), GatewayError> {
+    /// A model outside the key's list is answered as if it did not exist (gateway.md §14).
+    pub fn check_model(&self, name: &str, address: Address) -> Result<(), GatewayError> {
         if self.may_use_model(name) {
             Ok(())
         } else {
-            Err(GatewayError::new(
-                ErrorKind::Forbidden,
-                format!("this API key may not use the model {name:?}"),
-            )
-            .with_param("model"))
+            Err(crate::route::unknown_model(name, address))
         }
     }
 }

@@ -136,7 +136,62 @@ pin_project! {
         terminal_seen: bool,
         done: bool,
         fate: Option<Fate>,
+        limits: BodyLimits,
     }
+}
+
+/// Size limits on what an upstream sends (gateway.md §14), checked frame by frame.
+#[derive(Debug, Default)]
+struct BodyLimits {
+    /// Bytes a non-streamed reply may still send; `None` for streams and unlimited bodies.
+    reply_left: Option<u64>,
+    reply_max: u64,
+    /// The longest one event of a stream may be; `None` when not a stream.
+    event_max: Option<usize>,
+    /// Bytes since the last event boundary seen.
+    event_len: usize,
+}
+
+impl BodyLimits {
+    fn check(&mut self, data: &[u8]) -> Option<GatewayError> {
+        if let Some(left) = self.reply_left.as_mut() {
+            match left.checked_sub(data.len() as u64) {
+                Some(l) => *left = l,
+                None => {
+                    return Some(GatewayError::new(
+                        ErrorKind::UpstreamBadResponse,
+                        format!(
+                            "the upstream reply is larger than the limit of {} bytes",
+                            self.reply_max
+                        ),
+                    ))
+                }
+            }
+        }
+        if let Some(max) = self.event_max {
+            self.event_len = match last_event_end(data) {
+                Some(end) => data.len() - end,
+                None => self.event_len.saturating_add(data.len()),
+            };
+            if self.event_len > max {
+                return Some(GatewayError::new(
+                    ErrorKind::UpstreamBadResponse,
+                    format!("an upstream event is larger than the limit of {max} bytes"),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Where the last event in `data` ends (just after its blank line), scanning only line breaks.
+/// A boundary split across two frames is not seen, so an event may be counted with the one
+/// before it: the limit errs towards allowing, never towards cutting a stream that is in bounds.
+fn last_event_end(data: &[u8]) -> Option<usize> {
+    memchr::memrchr_iter(b'\n', data).find_map(|i| {
+        let before = &data[..i];
+        (before.ends_with(b"\n") || before.ends_with(b"\n\r")).then_some(i + 1)
+    })
 }
 
 impl<B> UpstreamBody<B> {
@@ -150,7 +205,21 @@ impl<B> UpstreamBody<B> {
             terminal_seen: false,
             done: false,
             fate: None,
+            limits: BodyLimits::default(),
         }
+    }
+
+    /// Ends a non-streamed body with an error once it passes `max` bytes.
+    pub fn with_reply_limit(mut self, max: u64) -> Self {
+        self.limits.reply_left = Some(max);
+        self.limits.reply_max = max;
+        self
+    }
+
+    /// Ends a stream with the protocol's error once one event passes `max` bytes.
+    pub fn with_event_limit(mut self, max: usize) -> Self {
+        self.limits.event_max = Some(max);
+        self
     }
 
     /// Tells the request's record how the body failed, if it does.
@@ -181,17 +250,22 @@ where
                 this.idle
                     .as_mut()
                     .reset(Instant::now() + *this.idle_timeout);
-                if *this.guard != StreamGuard::None && !*this.terminal_seen {
-                    if let Some(data) = frame.data_ref() {
-                        *this.terminal_seen = this
-                            .guard
-                            .terminals()
-                            .iter()
-                            .any(|t| this.tail.spans(data, t));
-                        this.tail.push(data);
+                let over = frame.data_ref().and_then(|d| this.limits.check(d));
+                if let Some(over) = over {
+                    over
+                } else {
+                    if *this.guard != StreamGuard::None && !*this.terminal_seen {
+                        if let Some(data) = frame.data_ref() {
+                            *this.terminal_seen = this
+                                .guard
+                                .terminals()
+                                .iter()
+                                .any(|t| this.tail.spans(data, t));
+                            this.tail.push(data);
+                        }
                     }
+                    return Poll::Ready(Some(Ok(frame)));
                 }
-                return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(e))) => {
                 let e: BoxError = e.into();
@@ -523,5 +597,101 @@ mod tests {
         let done = StreamGuard::Chat.terminals()[0];
         assert!(Tail::default().spans(b"data: [DONE]\n\n", done));
         assert!(!Tail::default().spans(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
+    }
+}
+
+pin_project! {
+    /// An upstream's error body, read whole (error bodies are small, and `max_reply_bytes`
+    /// bounds them) and passed on with every occurrence of `secret` replaced, so an upstream
+    /// that quotes the gateway's credential back never shows it to a client (gateway.md §14).
+    pub struct Redacted<B> {
+        #[pin]
+        inner: B,
+        secret: Bytes,
+        buf: Vec<u8>,
+        max: u64,
+        done: bool,
+    }
+}
+
+impl<B> Redacted<B> {
+    /// `max` bounds what is held (`[limits] max_reply_bytes`).
+    pub fn new(inner: B, secret: Bytes, max: u64) -> Self {
+        Self {
+            inner,
+            secret,
+            buf: Vec::new(),
+            max,
+            done: false,
+        }
+    }
+}
+
+/// Replaces each occurrence of `secret` in `text`.
+pub fn redact(text: &[u8], secret: &[u8]) -> Vec<u8> {
+    const MARK: &[u8] = b"[redacted]";
+    if secret.is_empty() {
+        return text.to_vec();
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = memchr::memmem::find(rest, secret) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(MARK);
+        rest = &rest[at + secret.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+impl<B> HttpBody for Redacted<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        if (this.buf.len() + data.len()) as u64 > *this.max {
+                            *this.done = true;
+                            let e = GatewayError::new(
+                                ErrorKind::UpstreamBadResponse,
+                                format!(
+                                    "the upstream reply is larger than the limit of {} bytes",
+                                    this.max
+                                ),
+                            );
+                            return Poll::Ready(Some(Err(Box::new(e))));
+                        }
+                        this.buf.extend_from_slice(data);
+                    }
+                }
+                Some(Err(e)) => {
+                    *this.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => {
+                    *this.done = true;
+                    let clean = redact(this.buf, this.secret);
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(clean)))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
     }
 }

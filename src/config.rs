@@ -50,6 +50,12 @@ impl Secret {
     pub fn header_value(&self) -> &HeaderValue {
         &self.0
     }
+
+    /// The credential itself, without an `Authorization` scheme: what an upstream would quote.
+    pub fn key_bytes(&self) -> &[u8] {
+        let v = self.0.as_bytes();
+        v.strip_prefix(b"Bearer ").unwrap_or(v)
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -118,6 +124,8 @@ pub struct Upstream {
     /// `veo-vertex`: the `gs://` prefix results are written under (`storageUri`), unless the model names its own.
     pub storage_uri: Option<String>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Client headers forwarded to this upstream beyond the built-in allowlist (gateway.md §14).
+    pub forward_headers: Vec<HeaderName>,
     /// Prebuilt URLs for the three LLM protocols, indexed by `Protocol as usize`.
     pub protocol_uris: [Option<Uri>; 3],
     /// For the built-in mock: the protocol it is spoken to in (`protocol = "chat"` by default).
@@ -357,6 +365,17 @@ pub struct Limits {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    /// A client connection with no request in progress is closed after this much silence,
+    /// counted from accept (so a connection that never sends a byte is closed too).
+    pub client_idle_timeout: Duration,
+    /// The longest silence while a request body is being read.
+    pub client_body_timeout: Duration,
+    /// Connections per listener; past it the listener stops accepting until one closes.
+    pub max_connections: usize,
+    /// A non-streamed upstream reply longer than this ends the request with 502.
+    pub max_reply_bytes: u64,
+    /// One server-sent event longer than this ends the stream with the protocol's error.
+    pub max_event_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -72,12 +72,14 @@ pub enum ErrorKind {
     ModelNotFound,
     MethodNotAllowed,
     TooLarge,
+    /// The client went silent while sending its request body.
+    RequestTimeout,
     RateLimited,
     UpstreamUnreachable,
     UpstreamBadResponse,
     UpstreamTimeout,
-    /// The upstream refused the gateway's own credential (401/403), or no token could be got for it:
-    /// the client's request is fine, the gateway's setup is not (gateway.md §14).
+    /// An upstream refused the gateway's own credential (its 401 or 403), or no token could be
+    /// got for it: the gateway's fault to fix, never the client's key, so a 502.
     UpstreamAuthFailed,
     /// The shared store is unreachable and `[store] on_error = "deny"`.
     StoreUnavailable,
@@ -93,6 +95,7 @@ impl ErrorKind {
             Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable | Self::UpstreamBadResponse | Self::UpstreamAuthFailed => {
                 StatusCode::BAD_GATEWAY
@@ -121,7 +124,8 @@ impl ErrorKind {
             | Self::NotFound
             | Self::ModelNotFound
             | Self::MethodNotAllowed
-            | Self::TooLarge => "invalid_request_error",
+            | Self::TooLarge
+            | Self::RequestTimeout => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
             Self::RateLimited => "rate_limit_error",
@@ -143,6 +147,7 @@ impl ErrorKind {
             Self::ModelNotFound => "model_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::TooLarge => "request_too_large",
+            Self::RequestTimeout => "request_timeout",
             Self::RateLimited => "rate_limit_exceeded",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamBadResponse => "upstream_bad_response",
@@ -156,7 +161,9 @@ impl ErrorKind {
     /// Anthropic's `error.type` (B.6 of the protocol reference).
     fn anthropic_type(self) -> &'static str {
         match self {
-            Self::InvalidRequest | Self::MethodNotAllowed => "invalid_request_error",
+            Self::InvalidRequest | Self::MethodNotAllowed | Self::RequestTimeout => {
+                "invalid_request_error"
+            }
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
             Self::NotFound | Self::ModelNotFound => "not_found_error",
@@ -180,12 +187,13 @@ impl ErrorKind {
             Self::NotFound | Self::ModelNotFound => (100404, "NOT_FOUND"),
             Self::MethodNotAllowed => (100405, "METHOD_NOT_ALLOWED"),
             Self::TooLarge => (100413, "TOO_LARGE"),
+            Self::RequestTimeout => (100408, "REQUEST_TIMEOUT"),
             Self::RateLimited => (100429, "RATE_LIMITED"),
             Self::Internal => (100500, "INTERNAL_ERROR"),
             Self::StoreUnavailable => (100503, "SERVICE_UNAVAILABLE"),
             Self::UpstreamUnreachable | Self::UpstreamBadResponse => (100502, "UPSTREAM_ERROR"),
-            Self::UpstreamAuthFailed => (100502, "UPSTREAM_AUTH_FAILED"),
             Self::UpstreamTimeout => (100504, "UPSTREAM_TIMEOUT"),
+            Self::UpstreamAuthFailed => (100502, "UPSTREAM_AUTH_FAILED"),
         }
     }
 }

@@ -14,19 +14,30 @@ pub struct Services {
     pub limits: Limits,
     /// Per-key limits; its counters outlive reloads, so a key that stays keeps its count.
     pub limiter: Arc<Limiter>,
+    /// Drawn from the OS's random source at start; signs video ids when no secret is configured.
+    pub process_secret: [u8; 32],
     /// The video listener's bound address (the config may say port 0), set once it is bound.
     pub video_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Services {
-    pub fn new(config: &Config) -> Self {
+    /// Fails only when the OS's random source does: the gateway then refuses to start rather
+    /// than sign with a guessable secret (gateway.md §14).
+    pub fn new(config: &Config) -> std::io::Result<Self> {
+        let mut process_secret = [0u8; 32];
+        getrandom::getrandom(&mut process_secret).map_err(|e| {
+            std::io::Error::other(format!(
+                "the OS random source failed ({e}); refusing to start without secure secrets"
+            ))
+        })?;
         let metrics = Arc::new(Metrics::new());
-        Self {
+        Ok(Self {
             client: UpstreamClient::new(&config.limits),
             limiter: Arc::new(Limiter::new(&config.store, &metrics)),
             metrics,
             limits: config.limits,
+            process_secret,
             video_addr: std::sync::OnceLock::new(),
-        }
+        })
     }
 }

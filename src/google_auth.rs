@@ -177,14 +177,14 @@ impl GoogleAuth {
         }
     }
 
-    /// `text` with every recent token replaced by `***`.
+    /// `text` with every recent token replaced by `[redacted]`.
     pub fn scrub(&self, text: &str) -> String {
         let recent = self.recent.lock().map(|r| r.clone()).unwrap_or_default();
-        let mut out = text.to_owned();
+        let mut out = text.as_bytes().to_vec();
         for t in recent.iter().filter(|t| !t.is_empty()) {
-            out = out.replace(t.as_str(), "***");
+            out = crate::body::redact(&out, t.as_bytes());
         }
-        out
+        String::from_utf8_lossy(&out).into_owned()
     }
 
     pub fn source(&self) -> &Source {

@@ -152,6 +152,204 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
     }
 }
 
+/// How deep a request body may nest; real requests (JSON schemas in tools included) stay far
+/// below, and a fixed bound keeps every later parse of the body (the typed decoders, the
+/// upstream's own parser) clear of recursion limits and stack exhaustion.
+pub const MAX_DEPTH: usize = 64;
+
+/// Why a request body was refused by [`check_structure`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyProblem {
+    /// A key appears twice in one object; `path` names the second occurrence.
+    RepeatedKey { path: String },
+    /// Nested deeper than [`MAX_DEPTH`]; `path` names where the limit was reached.
+    TooDeep { path: String },
+}
+
+/// Checks the structure of a body already known to be valid JSON, in one linear pass over its
+/// bytes: no object with a repeated key at any depth, nesting within [`MAX_DEPTH`]. Parsers
+/// disagree on a repeated key (first or last wins), so refusing it is the only way what the
+/// gateway validates is what the upstream reads. Numbers and literals are skipped, never
+/// parsed, so a value out of any parser's range is left to the field's own validation.
+pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
+    let mut stack: Vec<Level<'_>> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                let end = string_end(bytes, i + 1);
+                if let Some(Level::Object {
+                    keys,
+                    expecting_key: expecting @ true,
+                    ..
+                }) = stack.last_mut()
+                {
+                    *expecting = false;
+                    let key = Key(&bytes[i + 1..end]);
+                    if keys.insert(key) {
+                        if let Some(Level::Object { current, .. }) = stack.last_mut() {
+                            *current = Some(key);
+                        }
+                    } else {
+                        let path = render_path(&stack, Some(key));
+                        return Err(BodyProblem::RepeatedKey { path });
+                    }
+                }
+                i = end + 1;
+                continue;
+            }
+            open @ (b'{' | b'[') => {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(BodyProblem::TooDeep {
+                        path: render_path(&stack, None),
+                    });
+                }
+                stack.push(if open == b'{' {
+                    Level::Object {
+                        keys: KeySet::default(),
+                        current: None,
+                        expecting_key: true,
+                    }
+                } else {
+                    Level::Array { index: 0 }
+                });
+            }
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Level::Array { index }) => *index += 1,
+                Some(Level::Object { expecting_key, .. }) => *expecting_key = true,
+                None => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// The index of the closing quote of a string whose contents start at `from`.
+fn string_end(bytes: &[u8], mut from: usize) -> usize {
+    while let Some(rel) = memchr::memchr2(b'"', b'\\', &bytes[from..]) {
+        let at = from + rel;
+        if bytes[at] == b'"' {
+            return at;
+        }
+        from = at + 2;
+        if from >= bytes.len() {
+            break;
+        }
+    }
+    bytes.len()
+}
+
+/// A key as written in the body; two spellings of one key (`"a"` and `"\u0061"`) compare equal.
+#[derive(Debug, Clone, Copy)]
+struct Key<'a>(&'a [u8]);
+
+impl Key<'_> {
+    fn text(&self) -> Cow<'_, str> {
+        if self.0.contains(&b'\\') {
+            let mut quoted = Vec::with_capacity(self.0.len() + 2);
+            quoted.push(b'"');
+            quoted.extend_from_slice(self.0);
+            quoted.push(b'"');
+            if let Ok(s) = serde_json::from_slice::<String>(&quoted) {
+                return Cow::Owned(s);
+            }
+        }
+        String::from_utf8_lossy(self.0)
+    }
+}
+
+impl PartialEq for Key<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        if !self.0.contains(&b'\\') && !other.0.contains(&b'\\') {
+            return self.0 == other.0;
+        }
+        self.text() == other.text()
+    }
+}
+
+impl Eq for Key<'_> {}
+
+impl std::hash::Hash for Key<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text().hash(state);
+    }
+}
+
+/// Objects with more keys than this switch from a linear scan to a hash set, so a body of many
+/// keys cannot make the check quadratic.
+const LINEAR_KEYS: usize = 16;
+
+#[derive(Debug, Default)]
+struct KeySet<'a> {
+    few: Vec<Key<'a>>,
+    many: std::collections::HashSet<Key<'a>>,
+}
+
+impl<'a> KeySet<'a> {
+    /// Adds `key`; false when it was already there.
+    fn insert(&mut self, key: Key<'a>) -> bool {
+        if self.many.is_empty() {
+            if self.few.contains(&key) {
+                return false;
+            }
+            if self.few.len() < LINEAR_KEYS {
+                self.few.push(key);
+                return true;
+            }
+            self.many.extend(self.few.drain(..));
+        }
+        self.many.insert(key)
+    }
+}
+
+#[derive(Debug)]
+enum Level<'a> {
+    Object {
+        keys: KeySet<'a>,
+        current: Option<Key<'a>>,
+        expecting_key: bool,
+    },
+    Array {
+        index: usize,
+    },
+}
+
+/// `messages[1].content[0].type`: where in the body the scan stands, for the error.
+fn render_path(stack: &[Level<'_>], last: Option<Key<'_>>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let key = |out: &mut String, k: Key<'_>| {
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(&k.text());
+    };
+    let depth = stack.len();
+    for (n, level) in stack.iter().enumerate() {
+        match level {
+            // For a repeated key, the innermost object's previous key is not on the path.
+            Level::Object { current, .. } if n + 1 < depth || last.is_none() => {
+                if let Some(k) = current {
+                    key(&mut out, *k);
+                }
+            }
+            Level::Object { .. } => {}
+            Level::Array { index } => {
+                let _ = write!(out, "[{index}]");
+            }
+        }
+    }
+    if let Some(k) = last {
+        key(&mut out, k);
+    }
+    out
+}
+
 /// Writes `s` as a JSON string literal.
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // serde_json's string escaping cannot fail when writing into a Vec.
@@ -254,6 +452,72 @@ mod tests {
         assert!(RawObject::parse(b"[1]").is_err());
         assert!(RawObject::parse(b"{} x").is_err());
         assert!(RawObject::parse(b"{\"a\":").is_err());
+    }
+
+    fn problem(body: &str) -> String {
+        if RawObject::parse(body.as_bytes()).is_err() {
+            return "syntax".into();
+        }
+        match check_structure(body.as_bytes()) {
+            Ok(()) => "ok".into(),
+            Err(BodyProblem::RepeatedKey { path }) => format!("repeated {path}"),
+            Err(BodyProblem::TooDeep { path }) => format!("deep {path}"),
+        }
+    }
+
+    #[test]
+    fn repeated_keys_are_found_at_any_depth_with_their_path() {
+        assert_eq!(
+            problem(r#"{"model":"a","x":1,"model":"b"}"#),
+            "repeated model"
+        );
+        assert_eq!(
+            problem(r#"{"messages":[{"role":"user"},{"role":"user","role":"system"}]}"#),
+            "repeated messages[1].role"
+        );
+        // Escaped spellings of one key are the same key to every parser.
+        assert_eq!(problem(r#"{"model":1,"mod\u0065l":2}"#), "repeated model");
+        assert_eq!(problem(r#"{"a":{"b":1},"c":{"b":2}}"#), "ok");
+        // Strings that look like structure are skipped whole, escapes included.
+        assert_eq!(
+            problem(r#"{"a":"x\\\",\"a\":{[","b":[1e999,{"c":1,"c":2}]}"#),
+            "repeated b[1].c"
+        );
+        assert_eq!(
+            problem(r#"{"t":{"a":[{"k":1},{"k":2}],"b":{"x":{"y":1,"y":1}}}}"#),
+            "repeated t.b.x.y"
+        );
+    }
+
+    #[test]
+    fn many_keys_switch_to_the_set_and_still_find_a_repeat() {
+        let mut body = String::from("{");
+        for i in 0..1000 {
+            body.push_str(&format!("\"k{i}\":{i},"));
+        }
+        body.push_str("\"k3\":0}");
+        assert_eq!(problem(&body), "repeated k3");
+        body.truncate(body.len() - 8); // drops `,"k3":0}`
+        body.push('}');
+        assert_eq!(problem(&body), "ok");
+    }
+
+    #[test]
+    fn nesting_is_bounded_and_syntax_errors_stay_syntax() {
+        let ok = format!(
+            "{{\"a\":{}1{}}}",
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        assert_eq!(problem(&ok), "ok");
+        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(
+            problem(&deep).starts_with("deep a[0][0]"),
+            "{}",
+            problem(&deep)
+        );
+        assert_eq!(problem(r#"{"a":1"#), "syntax");
+        assert_eq!(problem(r#"{"a":1} x"#), "syntax");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use arc_swap::ArcSwap;
@@ -18,7 +18,6 @@ use crate::config::KeyLimits;
 use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
-use crate::json::RawObject;
 use crate::limits::Hold;
 use crate::metrics::Metrics;
 use crate::observe::{Fate, Metered, Observed, Record, TokenCell, UsageReader};
@@ -40,12 +39,15 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(config: &Config) -> Self {
-        Self {
-            services: Services::new(config),
-            routing: ArcSwap::from_pointee(Routing::new(config, None)),
+    /// Fails only when the OS's random source does (see `Services::new`).
+    pub fn new(config: &Config) -> std::io::Result<Self> {
+        let services = Services::new(config)?;
+        let routing = Routing::new(config, None, &services.process_secret);
+        Ok(Self {
+            services,
+            routing: ArcSwap::from_pointee(routing),
             ready: AtomicBool::new(true),
-        }
+        })
     }
 
     /// The routing state new requests use.
@@ -56,7 +58,11 @@ impl Gateway {
     /// Puts a new config's routing in place for every request that starts from now on;
     /// requests already running keep the one they started with.
     pub fn replace_routing(&self, config: &Config) {
-        let next = Routing::new(config, Some(&self.routing.load()));
+        let next = Routing::new(
+            config,
+            Some(&self.routing.load()),
+            &self.services.process_secret,
+        );
         self.routing.store(Arc::new(next));
     }
 
@@ -313,8 +319,7 @@ async fn dispatch(
         }
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
-            let bytes =
-                read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
+            let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
             Ok(mock::handle(protocol, &bytes, std::time::Duration::ZERO))
         }
     }
@@ -345,9 +350,7 @@ async fn video(
         _hold = admit(gw, &key, limits, ctx).await?;
     }
     let bytes = match ep {
-        VideoEndpoint::Create => {
-            Some(read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?)
-        }
+        VideoEndpoint::Create => Some(read_body(body, &parts.headers, &gw.services.limits).await?),
         _ => None,
     };
     let seen = VideoSeen::default();
@@ -401,13 +404,13 @@ async fn llm(
         .authenticate(req.headers(), address, protocol == Protocol::Messages)?;
     ctx.key = Some(principal.clone());
     let (parts, body) = req.into_parts();
-    let bytes = read_body(body, &parts.headers, gw.services.limits.max_request_bytes).await?;
-    let obj = parse_object(&bytes)?;
+    let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
+    let obj = crate::validate::request_object(&bytes)?;
     let client_model = validate::model_name(&obj)?.into_owned();
     ctx.client_model = Some(client_model.clone());
+    principal.check_model(&client_model, address)?;
     let model = rt.models.resolve(&client_model, address)?.clone();
     ctx.model = Some(model.clone());
-    principal.check_model(&client_model)?;
     route::check_endpoint(&model, &client_model, protocol)?;
     if model.primary().upstream.kind.is_video() || model.primary().protocol().is_none() {
         return Err(GatewayError::invalid(
@@ -500,7 +503,7 @@ async fn attempts(
         ctx.attempts += 1;
         ctx.upstream = Some(target.upstream.name.clone());
         let started = tokio::time::Instant::now();
-        let result = send(gw, target, &encoded, headers, &ctx.request_id).await;
+        let result = send(gw, target, &encoded, headers, &ctx.request_id, plan.stream).await;
         let elapsed = started.elapsed();
         let unhealthy = |rt: &Routing| {
             // Health follows what the target did, whatever the retry policy makes of it.
@@ -694,6 +697,7 @@ async fn send(
     encoded: &Encoded,
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
+    stream: bool,
 ) -> Result<Response<Body>, GatewayError> {
     let upstream = &target.upstream;
     if upstream.kind == UpstreamKind::Mock {
@@ -720,8 +724,21 @@ async fn send(
         request_id,
         encoded.body.clone(),
     )?;
-    let result = gw.services.client.send(upstream, req).await;
-    let resp = result?;
+    let resp = gw.services.client.send(upstream, req).await?;
+    let resp = upstream::check_answer(upstream, resp, stream, gw.services.limits.max_reply_bytes)?;
+    if !resp.status().is_success() {
+        // Too short a credential would redact ordinary words; real keys are far longer.
+        if let Some(secret) = upstream
+            .credential
+            .as_ref()
+            .map(|c| c.key_bytes())
+            .filter(|k| k.len() >= 8)
+        {
+            let secret = Bytes::copy_from_slice(secret);
+            let max = gw.services.limits.max_reply_bytes;
+            return Ok(resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max))));
+        }
+    }
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
     }
@@ -749,8 +766,17 @@ fn wrap_response(
     } else {
         StreamGuard::None
     };
+    let stream = is_event_stream(&parts.headers);
     parts.headers = upstream::response_headers(&parts.headers);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
+    let body = if stream {
+        parts
+            .headers
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        body.with_event_limit(limits.max_event_bytes)
+    } else {
+        body.with_reply_limit(limits.max_reply_bytes)
+    };
     Response::from_parts(parts, BodyExt::boxed(body))
 }
 
@@ -768,11 +794,12 @@ async fn translated_response(
     headers.remove(header::CONTENT_ENCODING);
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338).
-    let body: Body = BodyExt::boxed(
-        UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone()),
-    );
+    let upstream_body =
+        UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone());
     if parts.status.is_success() && is_event_stream(&parts.headers) {
-        let mut resp = Response::new(BodyExt::boxed(translate::TranslateBody::new(body, t)));
+        let body: Body = BodyExt::boxed(upstream_body);
+        let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
+        let mut resp = Response::new(BodyExt::boxed(translated));
         *resp.headers_mut() = headers;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -782,6 +809,7 @@ async fn translated_response(
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
+    let body: Body = BodyExt::boxed(upstream_body.with_reply_limit(limits.max_reply_bytes));
     let bytes = body
         .collect()
         .await
@@ -803,23 +831,14 @@ async fn translated_response(
     Ok(resp)
 }
 
-fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
-    RawObject::parse(bytes).map_err(|e| {
-        let msg = if e.is_syntax() || e.is_eof() {
-            format!("the request body is not valid JSON: {e}")
-        } else {
-            "the request body must be a JSON object".to_owned()
-        };
-        GatewayError::new(ErrorKind::InvalidRequest, msg)
-    })
-}
-
-/// Reads the whole request body, refusing with 413 as soon as it exceeds `max` bytes.
+/// Reads the whole request body, refusing with 413 as soon as it exceeds
+/// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout`.
 pub(crate) async fn read_body(
-    body: Incoming,
+    mut body: Incoming,
     headers: &HeaderMap,
-    max: u64,
+    limits: &Limits,
 ) -> Result<Bytes, GatewayError> {
+    let max = limits.max_request_bytes;
     let too_large = || {
         GatewayError::new(
             ErrorKind::TooLarge,
@@ -833,15 +852,43 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|len| len > max) {
         return Err(too_large());
     }
-    let limit = usize::try_from(max).unwrap_or(usize::MAX);
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!("could not read the request body: {e}"),
-        )),
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        // Each wait is bounded, not the whole body: a large upload at a steady pace is fine,
+        // one byte every few seconds is not.
+        let frame = match tokio::time::timeout(limits.client_body_timeout, body.frame()).await {
+            Err(_) => {
+                return Err(GatewayError::new(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "the request body stalled: no bytes for {} ms",
+                        limits.client_body_timeout.as_millis()
+                    ),
+                ))
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("could not read the request body: {e}"),
+                ))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            total += data.len() as u64;
+            if total > max {
+                return Err(too_large());
+            }
+            chunks.push(data);
+        }
     }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => Bytes::from(chunks.concat()),
+    })
 }
 
 /// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.

@@ -51,16 +51,7 @@ impl ModelTable {
             .iter()
             .find(|(p, m)| name.starts_with(p.as_str()) && m.addresses.contains(address))
             .map(|(_, m)| m)
-            .ok_or_else(|| {
-                GatewayError::new(
-                    ErrorKind::ModelNotFound,
-                    format!(
-                        "the model {name:?} does not exist or is not served on this address ({})",
-                        address.name()
-                    ),
-                )
-                .with_param("model")
-            })
+            .ok_or_else(|| unknown_model(name, address))
     }
 
     pub fn all(&self) -> &[Arc<Model>] {
@@ -86,6 +77,20 @@ pub fn check_endpoint(
             paths.join(" or ")
         ),
     ))
+}
+
+/// The answer for a model that does not exist, is not served on `address`, or that the key may
+/// not use: one status and one message for all three, so a key cannot list what exists
+/// (gateway.md §14).
+pub fn unknown_model(name: &str, address: Address) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::ModelNotFound,
+        format!(
+            "the model {name:?} does not exist or is not served on this address ({})",
+            address.name()
+        ),
+    )
+    .with_param("model")
 }
 
 #[cfg(test)]

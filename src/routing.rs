@@ -21,11 +21,12 @@ pub struct Routing {
 impl Routing {
     /// Builds the state for `config`; targets and models that `previous` also had keep their
     /// health, load and budget, so a reload does not send traffic back to an ejected target.
-    pub fn new(config: &Config, previous: Option<&Routing>) -> Self {
+    /// `process_secret` signs video ids when the config names no secret.
+    pub fn new(config: &Config, previous: Option<&Routing>, process_secret: &[u8; 32]) -> Self {
         Self {
             keys: KeyStore::new(&config.keys),
             models: ModelTable::new(&config.models),
-            video: VideoService::new(config),
+            video: VideoService::new(config, process_secret),
             runtime: Arc::new(Runtime::new(config, previous.map(|p| p.runtime.as_ref()))),
         }
     }

@@ -1,21 +1,27 @@
 //! Listeners: bind each address, accept TCP (and TLS), serve HTTP/1.1 and HTTP/2 on every connection, and shut down gracefully.
 
 use std::collections::HashMap;
-use std::future::poll_fn;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use pin_project_lite::pin_project;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Address, Config};
+use crate::config::{Address, Config, Limits};
 use crate::pipeline::{self, Gateway};
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -54,7 +60,7 @@ impl RunningGateway {
 
 /// Binds every configured listener and starts serving.
 pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
-    let gateway = Arc::new(Gateway::new(config));
+    let gateway = Arc::new(Gateway::new(config)?);
     let tls = config.tls.clone().map(TlsAcceptor::from);
     let mut listeners = Vec::new();
     let mut addrs = HashMap::new();
@@ -86,12 +92,45 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         }
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let gw = gateway.clone();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    builder.http2().timer(TokioTimer::new());
+    let shared = Arc::new(Shared {
+        gw: gateway.clone(),
+        builder,
+        limits: config.limits,
+    });
+    // Every connection and accept task holds a sender; when all are dropped, all have ended.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    for (address, listener, tls) in listeners {
+        let accept = Accept {
+            shared: shared.clone(),
+            address,
+            listener,
+            tls,
+            slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+            shutdown: shutdown_rx.clone(),
+            alive: alive_tx.clone(),
+        };
+        // One task per listener: a busy address cannot starve another's accepts (admin probes).
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "an accept loop; it ends when shutdown is signalled and is tracked by `alive`"
+        )]
+        tokio::spawn(accept.run());
+    }
+    drop(alive_tx);
     #[expect(
         clippy::disallowed_methods,
-        reason = "the accept loop; it ends when shutdown is signalled"
+        reason = "waits for the accept loops and connections to end; awaited by `shutdown`"
     )]
-    let stopped = tokio::spawn(accept_loop(gw, listeners, shutdown_rx));
+    let stopped = tokio::spawn(async move {
+        // Resolves once the last accept loop and connection task have dropped their senders.
+        let _ = alive_rx.recv().await;
+    });
     Ok(RunningGateway {
         addrs,
         gateway,
@@ -100,52 +139,65 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     })
 }
 
-async fn accept_loop(
+/// What every connection of every listener shares.
+struct Shared {
     gw: Arc<Gateway>,
-    listeners: Vec<(Address, TcpListener, Option<TlsAcceptor>)>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    // Every connection task holds a sender; when all are dropped, every connection has ended.
-    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
-    loop {
-        let accepted = tokio::select! {
-            () = stopping(&mut shutdown) => break,
-            accepted = accept_any(&listeners) => accepted,
-        };
-        let (address, tls, (stream, peer)) = match accepted {
-            (_, _, Err(e)) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-            (a, tls, Ok(s)) => (a, tls.clone(), s),
-        };
-        let _ = stream.set_nodelay(true);
-        let conn = Connection {
-            gw: gw.clone(),
-            builder: builder.clone(),
-            address,
-            shutdown: shutdown.clone(),
-            _alive: alive_tx.clone(),
-        };
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "one task per connection, tracked by `alive` for graceful shutdown"
-        )]
-        tokio::spawn(conn.run(stream, tls, peer));
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+}
+
+/// One listener's accept loop.
+struct Accept {
+    shared: Arc<Shared>,
+    address: Address,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    /// `[limits] max_connections` permits; a connection holds one until it closes.
+    slots: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+}
+
+impl Accept {
+    async fn run(mut self) {
+        loop {
+            // At the limit, stop accepting: new clients wait in the kernel's backlog rather
+            // than take descriptors the gateway needs for the connections it serves.
+            let permit = tokio::select! {
+                () = stopping(&mut self.shutdown) => break,
+                permit = self.slots.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let accepted = tokio::select! {
+                () = stopping(&mut self.shutdown) => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let conn = Connection {
+                shared: self.shared.clone(),
+                address: self.address,
+                shutdown: self.shutdown.clone(),
+                _alive: self.alive.clone(),
+                _permit: permit,
+            };
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "one task per connection, tracked by `alive` for graceful shutdown"
+            )]
+            tokio::spawn(conn.run(stream, self.tls.clone(), peer));
+        }
     }
-    drop(listeners);
-    drop(alive_tx);
-    // Resolves once the last connection task has dropped its sender.
-    let _ = alive_rx.recv().await;
 }
 
 /// Resolves once shutdown has been signalled (including before this call).
@@ -154,39 +206,26 @@ async fn stopping(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
 }
 
-async fn accept_any(
-    listeners: &[(Address, TcpListener, Option<TlsAcceptor>)],
-) -> (
-    Address,
-    &Option<TlsAcceptor>,
-    std::io::Result<(TcpStream, SocketAddr)>,
-) {
-    poll_fn(|cx| {
-        for (a, l, tls) in listeners {
-            if let Poll::Ready(r) = l.poll_accept(cx) {
-                return Poll::Ready((*a, tls, r));
-            }
-        }
-        Poll::Pending
-    })
-    .await
-}
-
 struct Connection {
-    gw: Arc<Gateway>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    shared: Arc<Shared>,
     address: Address,
     shutdown: watch::Receiver<bool>,
     _alive: mpsc::Sender<()>,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Connection {
     async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>, peer: SocketAddr) {
+        let activity = Arc::new(Activity::new());
+        let limits = self.shared.limits;
+        // Watched below TLS, so a handshake that never starts and a TLS session that never
+        // sends a request are both silence.
+        let stream = Watched::new(stream, activity.clone(), limits.idle_timeout);
         match tls {
-            None => self.serve(TokioIo::new(stream)).await,
+            None => self.serve(TokioIo::new(stream), activity).await,
             Some(acceptor) => {
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => self.serve(TokioIo::new(s)).await,
+                    Ok(Ok(s)) => self.serve(TokioIo::new(s), activity).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 }
@@ -194,23 +233,36 @@ impl Connection {
         }
     }
 
-    async fn serve<I>(mut self, io: TokioIo<I>)
+    async fn serve<I>(mut self, io: TokioIo<I>, activity: Arc<Activity>)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let gw = self.gw.clone();
+        let gw = self.shared.gw.clone();
         let address = self.address;
+        let busy = activity.clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw.clone();
-            async move { Ok::<_, std::convert::Infallible>(pipeline::handle(&gw, address, req).await) }
+            // Counted from the request head until its response body is dropped, so a stream
+            // with long pauses is never taken for an idle connection.
+            let request = busy.request();
+            async move {
+                let resp = pipeline::handle(&gw, address, req).await;
+                Ok::<_, std::convert::Infallible>(
+                    resp.map(|b| BodyExt::boxed(crate::body::Guarded::new(b, request))),
+                )
+            }
         });
-        let conn = self.builder.serve_connection(io, service);
+        let conn = self.shared.builder.serve_connection(io, service);
         tokio::pin!(conn);
+        let idle = self.shared.limits.client_idle_timeout;
         tokio::select! {
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
+            }
+            () = activity.idle_for(idle) => {
+                tracing::debug!(idle_ms = idle.as_millis() as u64, "closing an idle client connection");
             }
             () = stopping(&mut self.shutdown) => {
                 // Finish what is in flight, accept nothing new on this connection.
@@ -218,5 +270,165 @@ impl Connection {
                 let _ = conn.await;
             }
         }
+    }
+}
+
+/// When a client connection last moved a byte, and how many of its requests are in progress.
+struct Activity {
+    opened: Instant,
+    /// Milliseconds from `opened` to the last byte read or written.
+    last_ms: AtomicU64,
+    requests: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            requests: AtomicUsize::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn request(self: &Arc<Self>) -> RequestGuard {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        RequestGuard(self.clone())
+    }
+
+    /// Resolves once the connection has had no request in progress and no byte either way for
+    /// `idle`, counted from accept.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let quiet = last.elapsed();
+            if quiet >= idle && self.requests.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep(idle.saturating_sub(quiet).max(Duration::from_millis(10))).await;
+        }
+    }
+}
+
+/// Keeps a request counted until its response body is dropped.
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pin_project! {
+    /// A client socket that records its activity and gives up on a client that takes no bytes
+    /// of a response for `stall` (`[limits] idle_timeout_ms`): the write fails, hyper drops the
+    /// connection, and with it the response body and its upstream.
+    struct Watched<S> {
+        #[pin]
+        inner: S,
+        activity: Arc<Activity>,
+        stall: Duration,
+        // Boxed so the socket stays `Unpin`; only a stalled write allocates it.
+        stalled: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+impl<S> Watched<S> {
+    fn new(inner: S, activity: Arc<Activity>, stall: Duration) -> Self {
+        Self {
+            inner,
+            activity,
+            stall,
+            stalled: None,
+        }
+    }
+}
+
+impl<S: AsyncRead> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let res = this.inner.poll_read(cx, buf);
+        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.touch();
+        }
+        res
+    }
+}
+
+impl<S: AsyncWrite> Watched<S> {
+    /// A write that stays pending arms the stall timer; any progress disarms it.
+    fn track(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        res: Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        match res {
+            Poll::Pending => {
+                let stall = *this.stall;
+                let sleep = this
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the client took no response bytes for the idle timeout",
+                        )));
+                    }
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Ok(n)) => {
+                *this.stalled = None;
+                if n > 0 {
+                    this.activity.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let res = self.as_mut().project().inner.poll_write(cx, buf);
+        self.track(cx, res)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let res = self.as_mut().project().inner.poll_write_vectored(cx, bufs);
+        self.track(cx, res)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
     }
 }

@@ -19,15 +19,33 @@ pub struct SseDecoder {
     has_data: bool,
     /// A `\r` ended the last line; a `\n` right after it belongs to the same line end.
     pending_cr: bool,
+    /// How much of `buf` has been searched for a line end already.
+    scanned: usize,
+    max_event: Option<usize>,
 }
+
+/// An upstream event passed the decoder's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an upstream event is larger than the limit of {0} bytes")]
+pub struct EventTooLarge(pub usize);
 
 impl SseDecoder {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Feeds bytes; complete events are appended to `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) {
+    /// A decoder that refuses an event longer than `max_event` bytes (its data plus the line
+    /// still arriving), so a stream without line breaks cannot grow memory without bound.
+    pub fn with_limit(max_event: usize) -> Self {
+        Self {
+            max_event: Some(max_event),
+            ..Self::default()
+        }
+    }
+
+    /// Feeds bytes; complete events are appended to `out`. Each byte is searched for a line
+    /// end once, however the stream is split, so the work is linear in the input.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), EventTooLarge> {
         self.buf.extend_from_slice(bytes);
         loop {
             if self.pending_cr && !self.buf.is_empty() {
@@ -36,9 +54,12 @@ impl SseDecoder {
                 }
                 self.pending_cr = false;
             }
-            let Some(pos) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
+            let Some(rel) = memchr::memchr2(b'\n', b'\r', &self.buf[self.scanned..]) else {
+                self.scanned = self.buf.len();
                 break;
             };
+            let pos = self.scanned + rel;
+            self.scanned = 0;
             let line = self.buf.split_to(pos);
             let terminator = self.buf[0];
             self.buf.advance(1);
@@ -47,11 +68,16 @@ impl SseDecoder {
             }
             self.line(&line, out);
         }
+        match self.max_event {
+            Some(max) if self.data.len() + self.buf.len() > max => Err(EventTooLarge(max)),
+            _ => Ok(()),
+        }
     }
 
     /// Ends the stream: a final event without its blank line is still dispatched (as browsers do not,
     /// but a truncated upstream's last complete data line is better surfaced than lost).
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
+        self.scanned = 0;
         if !self.buf.is_empty() {
             let line = self.buf.split();
             self.line(&line, out);

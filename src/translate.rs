@@ -385,6 +385,9 @@ impl StreamEncoder {
     }
 }
 
+/// The event bound of a translator made without one: `[limits] max_event_bytes`'s default.
+pub const DEFAULT_MAX_EVENT: usize = 16 * 1024 * 1024;
+
 /// One stream translation's state: SSE bytes in, client-protocol SSE bytes out, no task and no channel.
 #[derive(Debug)]
 pub struct StreamTranslator {
@@ -403,7 +406,7 @@ pub struct StreamTranslator {
 impl StreamTranslator {
     pub fn new(t: &Translation) -> Self {
         Self {
-            sse: SseDecoder::new(),
+            sse: SseDecoder::with_limit(DEFAULT_MAX_EVENT),
             decoder: t.stream_decoder(),
             encoder: t.stream_encoder(),
             events: Vec::new(),
@@ -414,10 +417,31 @@ impl StreamTranslator {
         }
     }
 
+    /// Bounds one upstream event to `max` bytes; past it the stream ends with the client
+    /// protocol's error (without a bound, `DEFAULT_MAX_EVENT`).
+    pub fn with_event_limit(mut self, max: usize) -> Self {
+        self.sse = SseDecoder::with_limit(max);
+        self
+    }
+
     /// Feeds upstream bytes; returns the client bytes they produce (possibly none).
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
-        self.sse.feed(bytes, &mut self.events);
+        if self.ended {
+            return;
+        }
+        let fed = self.sse.feed(bytes, &mut self.events);
         self.drain(out);
+        if let Err(e) = fed {
+            self.events.clear();
+            self.fail(
+                ir::ErrorInfo {
+                    status: 502,
+                    message: e.to_string(),
+                    code: None,
+                },
+                out,
+            );
+        }
     }
 
     /// The upstream body ended; a stream that never reached its terminal event is reported as broken.
@@ -550,10 +574,11 @@ pin_project! {
 }
 
 impl<B> TranslateBody<B> {
-    pub fn new(inner: B, t: &Translation) -> Self {
+    /// `max_event` bounds one upstream event (`[limits] max_event_bytes`).
+    pub fn new(inner: B, t: &Translation, max_event: usize) -> Self {
         Self {
             inner,
-            state: StreamTranslator::new(t),
+            state: StreamTranslator::new(t).with_event_limit(max_event),
             ping: tokio::time::sleep(PING_INTERVAL),
             pings: t.client == Protocol::Messages,
             done: false,

@@ -12,7 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::config::{Limits, Upstream, UpstreamKind};
+use crate::config::{Limits, Protocol, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, GatewayError, RetryClass};
 
 /// The pooled client every upstream call goes through.
@@ -150,7 +150,8 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-/// Client headers that must never reach an upstream: credentials, and what the gateway rewrites.
+/// Client headers that never reach an upstream, whatever an upstream's `forward_headers` says:
+/// credentials, and what the gateway rewrites.
 const CLIENT_ONLY: [&str; 6] = [
     "authorization",
     "x-api-key",
@@ -160,6 +161,36 @@ const CLIENT_ONLY: [&str; 6] = [
     // Streams are inspected (and later translated), so bodies must arrive uncompressed.
     "accept-encoding",
 ];
+
+/// Client headers every upstream receives (gateway.md §14): content negotiation, tracing and
+/// idempotency. Anything else — a client's choice of the upstream account's organisation or
+/// project among them — stays at the gateway unless the upstream's `forward_headers` lists it.
+const TO_UPSTREAM: [&str; 7] = [
+    "content-type",
+    "accept",
+    "user-agent",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "idempotency-key",
+];
+
+/// Upstream headers a client receives, on passthrough and translated replies alike; never
+/// cookies, nor the upstream account's organisation, project or rate-limit headers.
+/// `content-encoding` stays with the body it describes; `request-id` is Anthropic's request id.
+const TO_CLIENT: [&str; 5] = [
+    "content-type",
+    "content-encoding",
+    "retry-after",
+    "x-request-id",
+    "request-id",
+];
+
+/// True for a header no `forward_headers` entry may name.
+pub fn never_forwarded(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    CLIENT_ONLY.contains(&n) || HOP_BY_HOP.contains(&n)
+}
 
 fn connection_listed(headers: &HeaderMap) -> Vec<String> {
     headers
@@ -172,21 +203,20 @@ fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// Copies the end-to-end headers of `from` that may cross the proxy.
-pub fn forwardable(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
-    let listed = connection_listed(from);
-    let mut out = HeaderMap::with_capacity(from.len());
-    for (name, value) in from {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || extra_drop.contains(&n) || listed.iter().any(|l| l == n) {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
+/// Whether the client header `name` may go on to `upstream`.
+fn forwarded_to(upstream: &Upstream, name: &HeaderName) -> bool {
+    let n = name.as_str();
+    if TO_UPSTREAM.contains(&n) || upstream.forward_headers.contains(name) {
+        return true;
     }
-    out
+    match upstream.protocol() {
+        Some(Protocol::Messages) => n == "anthropic-version" || n == "anthropic-beta",
+        Some(Protocol::Responses) => n == "openai-beta",
+        _ => false,
+    }
 }
 
-/// Builds the upstream request: client headers cleaned, the upstream's credential and headers added.
+/// Builds the upstream request: the allowed client headers, the upstream's credential and headers.
 pub fn build_request(
     upstream: &Upstream,
     uri: Uri,
@@ -194,25 +224,26 @@ pub fn build_request(
     request_id: &HeaderValue,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let mut headers = forwardable(client_headers, &CLIENT_ONLY);
-    if upstream.kind != UpstreamKind::Messages {
-        // Anthropic's version and beta headers mean nothing to (or confuse) other protocols.
-        let anthropic: Vec<HeaderName> = headers
-            .keys()
-            .filter(|n| n.as_str().starts_with("anthropic-"))
-            .cloned()
-            .collect();
-        for name in anthropic {
-            headers.remove(name);
-        }
-    }
+    let listed = connection_listed(client_headers);
     let mut req = build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
-    // The client's end-to-end headers go under the gateway's own; a client's Anthropic version
-    // and betas win over the config's, which are defaults.
-    for (name, value) in &headers {
+    // The client's headers go under the gateway's own; a client's Anthropic version and betas
+    // win over the config's, which are defaults. A repeated client header keeps every value.
+    let mut taken: Vec<&HeaderName> = Vec::new();
+    for (name, value) in client_headers {
+        if never_forwarded(name)
+            || !forwarded_to(upstream, name)
+            || listed.iter().any(|l| l == name.as_str())
+        {
+            continue;
+        }
+        if taken.contains(&name) {
+            req.headers_mut().append(name.clone(), value.clone());
+            continue;
+        }
         let ours = req.headers().contains_key(name);
         if !ours || (name.as_str().starts_with("anthropic-") && upstream_default(upstream, name)) {
             req.headers_mut().insert(name.clone(), value.clone());
+            taken.push(name);
         }
     }
     Ok(req)
@@ -244,9 +275,15 @@ fn add_credential(upstream: &Upstream, headers: &mut HeaderMap) {
     }
 }
 
-/// Response headers from an upstream that may go on to the client.
+/// Response headers from an upstream that may go on to the client (gateway.md §14).
 pub fn response_headers(from: &HeaderMap) -> HeaderMap {
-    forwardable(from, &["content-length"])
+    let mut out = HeaderMap::new();
+    for (name, value) in from {
+        if TO_CLIENT.contains(&name.as_str()) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 /// Builds a request the gateway makes on its own (a video task poll, a file download): no client
@@ -283,4 +320,81 @@ pub fn build_call(
         })?;
     *req.headers_mut() = headers;
     Ok(req)
+}
+
+/// Refuses an upstream answer that must not reach the client as it is (gateway.md §14): a
+/// redirect (its `Location` is the upstream's business), a 401 or 403 (about the gateway's own
+/// credential, not the client's key; the body may quote that credential, so it is not read), a
+/// stream request answered with something other than an event stream, and a reply declared
+/// larger than `max_reply`. The head is rewritten to HTTP/1.1 so an HTTP/1.0 upstream does not
+/// downgrade the client's response.
+pub fn check_answer(
+    upstream: &Upstream,
+    mut resp: Response<Incoming>,
+    stream: bool,
+    max_reply: u64,
+) -> Result<Response<Incoming>, GatewayError> {
+    let status = resp.status();
+    let bad = |kind: ErrorKind, msg: String| {
+        Err(GatewayError::new(kind, msg).retryable(RetryClass::ServerError))
+    };
+    if status.is_redirection() {
+        return bad(
+            ErrorKind::UpstreamBadResponse,
+            format!(
+                "upstream {:?} answered with a redirect ({}); redirects are not followed",
+                upstream.name,
+                status.as_u16()
+            ),
+        );
+    }
+    if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN {
+        tracing::error!(upstream = %upstream.name, status = status.as_u16(), "the upstream refused the gateway's credential for it; check its api_key_env");
+        return bad(
+            ErrorKind::UpstreamAuthFailed,
+            format!(
+                "upstream {:?} refused the gateway's credential ({})",
+                upstream.name,
+                status.as_u16()
+            ),
+        );
+    }
+    let event_stream = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if stream && status.is_success() && !event_stream {
+        let got = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("no content type")
+            .chars()
+            .take(64)
+            .collect::<String>();
+        return bad(
+            ErrorKind::UpstreamBadResponse,
+            format!(
+                "upstream {:?} answered a stream request with {got:?}, not an event stream",
+                upstream.name
+            ),
+        );
+    }
+    let declared = resp
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if !event_stream && declared.is_some_and(|len| len > max_reply) {
+        return Err(GatewayError::new(
+            ErrorKind::UpstreamBadResponse,
+            format!(
+                "upstream {:?} sent a reply larger than the limit of {max_reply} bytes",
+                upstream.name
+            ),
+        ));
+    }
+    *resp.version_mut() = http::Version::HTTP_11;
+    Ok(resp)
 }

@@ -616,6 +616,36 @@ fn thinking(
     Ok(Some(on))
 }
 
+/// Parses a request body into its top-level object after checking the whole of it
+/// ([`json::check_structure`]): a repeated key or runaway nesting is refused here, on every path,
+/// passthrough included, before any field is read.
+pub fn request_object(bytes: &[u8]) -> Result<RawObject<'_>, GatewayError> {
+    use crate::error::ErrorKind;
+    use json::BodyProblem;
+    let obj = RawObject::parse(bytes).map_err(|e| {
+        let msg = if e.is_syntax() || e.is_eof() {
+            format!("the request body is not valid JSON: {e}")
+        } else {
+            "the request body must be a JSON object".to_owned()
+        };
+        GatewayError::new(ErrorKind::InvalidRequest, msg)
+    })?;
+    match json::check_structure(bytes) {
+        Ok(()) => Ok(obj),
+        Err(BodyProblem::RepeatedKey { path }) => Err(GatewayError::invalid(
+            &path,
+            format!("`{path}` appears more than once; send each key once"),
+        )),
+        Err(BodyProblem::TooDeep { path }) => Err(GatewayError::invalid(
+            &path,
+            format!(
+                "the request body nests deeper than {} levels at `{path}`",
+                json::MAX_DEPTH
+            ),
+        )),
+    }
+}
+
 /// The little a passed-through messages or responses body must satisfy before it goes upstream;
 /// the upstream checks the rest in its own protocol. Returns whether a stream was asked for.
 pub fn passthrough(

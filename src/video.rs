@@ -37,7 +37,6 @@ use crate::body::{self, Body};
 use crate::config::{Address, Config, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError};
 use crate::gateway::Services;
-use crate::json::RawObject;
 use crate::route::ModelTable;
 use call::Failure;
 use task::{Outcome, TaskStatus, Video};
@@ -82,7 +81,7 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &Config, process_secret: &[u8; 32]) -> Self {
         let v = &config.video;
         let upstreams = config
             .upstreams
@@ -102,7 +101,7 @@ impl VideoService {
             })
             .build();
         Self {
-            signer: Signer::new(&v.task_secrets, &v.task_secrets_env),
+            signer: Signer::new(&v.task_secrets, process_secret),
             cache,
             upstreams,
             public_url: v.public_url.clone(),
@@ -161,11 +160,11 @@ impl VideoService {
     ) -> Result<Response<Body>, Failure> {
         let (principal, request_id) = (call.key()?, call.request_id);
         let bytes = call.body.cloned().unwrap_or_default();
-        let obj = parse_object(&bytes)?;
+        let obj = crate::validate::request_object(&bytes)?;
         let client_model = request::model(&obj)?.into_owned();
         let _ = call.seen.model.set(client_model.clone());
+        principal.check_model(&client_model, Address::Video)?;
         let model = models.resolve(&client_model, Address::Video)?.clone();
-        principal.check_model(&client_model)?;
         let checked = request::validate(&obj)?;
         let upstream = &model.primary().upstream;
         let upstream_model = match (&model.primary().upstream_model, upstream.kind) {
@@ -497,17 +496,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn parse_object(bytes: &Bytes) -> Result<RawObject<'_>, GatewayError> {
-    RawObject::parse(bytes).map_err(|e| {
-        let msg = if e.is_syntax() || e.is_eof() {
-            format!("the request body is not valid JSON: {e}")
-        } else {
-            "the request body must be a JSON object".to_owned()
-        };
-        GatewayError::new(ErrorKind::InvalidRequest, msg)
-    })
 }
 
 /// The `data` of a task answer, in the interface's field order.

@@ -320,14 +320,25 @@ async fn key_limited_to_an_address_is_403_elsewhere() {
 }
 
 #[tokio::test]
-async fn key_limited_to_models_is_403_for_others() {
+async fn key_limited_to_models_gets_the_unknown_model_404_for_others() {
     let s = Setup::new().await;
     let url = s.chat_url(Address::Base);
-    // `limited` may use "plain" (exact) and "gpt-4*" (prefix).
+    // `limited` may use "plain" (exact) and "gpt-4*" (prefix). A model it may not use and one
+    // that does not exist get the same answer, so the key cannot list what exists (§14).
     for model in ["gpt-3.5", "gpt-", "claude-x"] {
         let (status, v) = chat_as(&url, LIMITED, model).await;
-        assert_error(model, status, &v, FORBIDDEN);
+        assert_error(model, status, &v, NOT_FOUND_MODEL);
         assert_eq!(v["error"]["param"], "model", "{model}: {v}");
+        let (_, unknown) = chat_as(&url, LIMITED, "no-such-model-anywhere").await;
+        assert_eq!(
+            v["error"]["message"]
+                .as_str()
+                .map(|m| m.replace(model, "X")),
+            unknown["error"]["message"]
+                .as_str()
+                .map(|m| m.replace("no-such-model-anywhere", "X")),
+            "{model}: the forbidden and the unknown model must read the same"
+        );
     }
     // Exact means exact: a name that only starts with an allowed one is refused too.
     let (status, v) = chat_as(&s.chat_url(Address::TokenPlan), ONE_NAME, "gpt-3.5-turbo").await;
@@ -335,7 +346,7 @@ async fn key_limited_to_models_is_403_for_others() {
         "gpt-3.5-turbo with only gpt-3.5 allowed",
         status,
         &v,
-        FORBIDDEN,
+        NOT_FOUND_MODEL,
     );
     s.assert_nothing_forwarded("models outside the key's list");
     let mut n = 0;

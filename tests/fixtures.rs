@@ -222,7 +222,7 @@ type Events = Vec<(Option<String>, Value)>;
 fn events_of(bytes: &[u8]) -> Events {
     let mut raw: Vec<SseEvent> = Vec::new();
     let mut d = SseDecoder::new();
-    d.feed(bytes, &mut raw);
+    d.feed(bytes, &mut raw).unwrap();
     d.finish(&mut raw);
     let mut n = Normaliser::default();
     raw.into_iter()

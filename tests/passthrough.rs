@@ -31,7 +31,11 @@ async fn json_passthrough_keeps_unknown_fields_and_swaps_credentials() {
         .post(gw.base("/v1/chat/completions"))
         .bearer_auth(KEY)
         .header("x-api-key", "client-secret-2")
-        .header("x-custom", "kept")
+        .header("x-custom", "dropped")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
         .json(&body)
         .send()
         .await
@@ -52,7 +56,12 @@ async fn json_passthrough_keeps_unknown_fields_and_swaps_credentials() {
         seen.headers.get("x-api-key").is_none(),
         "client x-api-key never forwarded"
     );
-    assert_eq!(seen.headers["x-custom"], "kept");
+    // Headers are forwarded by allowlist (§14): tracing goes on, an unknown header does not.
+    assert!(seen.headers.get("x-custom").is_none(), "x-custom forwarded");
+    assert_eq!(
+        seen.headers["traceparent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
     assert_eq!(seen.headers["x-request-id"].to_str().unwrap(), rid);
     let sent = seen.json();
     assert_eq!(sent["model"], "real-m", "model renamed");

@@ -16,6 +16,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// Top-level fields set on `chat_body(model)`; a `"model"` among them overrides `model`.
 /// In `chat_config`, "plain" has no vision and no thinking; "m" has vision and
@@ -106,7 +107,18 @@ fn parse_table(
 /// Runs a table against a fresh gateway and upstream: every refused case first (the upstream
 /// must still have received nothing after each), then every accepted one.
 async fn run(table: &'static str, build: impl Fn(Value) -> Value) {
-    let up = FakeUpstream::start(|_| Reply::json(200, json!({"object": "chat.completion"}))).await;
+    // A stream request is answered with a stream: anything else is the upstream's 502 (§14).
+    let up = FakeUpstream::start(|seen| {
+        if seen.json()["stream"] == true {
+            Reply::sse(vec![(
+                Duration::ZERO,
+                "data: {\"object\":\"chat.completion.chunk\",\"choices\":[]}\n\ndata: [DONE]\n\n",
+            )])
+        } else {
+            Reply::json(200, json!({"object": "chat.completion"}))
+        }
+    })
+    .await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
     let url = gw.base("/v1/chat/completions");
     let (refused, accepted): (Vec<_>, Vec<_>) = parse_table(table, build)

@@ -105,14 +105,15 @@ async fn keys_are_required_and_scoped() {
     create_with(&gw, Some("sk-wrong"), &body(MODEL))
         .await
         .error(401);
-    // A key limited to the base address, and a key limited to the other model.
+    // A key limited to the base address; a key limited to the other model, to which a model
+    // it may not use does not exist (§14).
     create_with(&gw, Some("sk-chat"), &body(MODEL))
         .await
         .error(403);
     let msg = create_with(&gw, Some("sk-fast"), &body(MODEL))
         .await
-        .error(403);
-    assert!(msg.starts_with("FORBIDDEN: "), "{msg}");
+        .error(404);
+    assert!(msg.starts_with("NOT_FOUND: "), "{msg}");
     assert_eq!(
         create_with(&gw, Some("sk-fast"), &body(FAST)).await.status,
         200

@@ -208,14 +208,16 @@ async fn read_stream(
     m: &mut Measured,
     end: &mut Option<Instant>,
 ) -> Result<(), String> {
-    let mut decoder = SseDecoder::new();
+    let mut decoder = SseDecoder::with_limit(crate::translate::DEFAULT_MAX_EVENT);
     let mut events: Vec<SseEvent> = Vec::new();
     let mut state = StreamState::default();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| "stream_error".to_owned())?;
         let now = Instant::now();
         if let Some(data) = frame.data_ref() {
-            decoder.feed(data, &mut events);
+            decoder
+                .feed(data, &mut events)
+                .map_err(|_| "event_too_large".to_owned())?;
             state.take(protocol, &mut events, now, scheduled, m)?;
         }
     }

@@ -27,6 +27,11 @@ struct RawLimits {
     connect_timeout_ms: Option<u64>,
     first_byte_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
+    client_idle_timeout_ms: Option<u64>,
+    client_body_timeout_ms: Option<u64>,
+    max_connections: Option<u64>,
+    max_reply_bytes: Option<u64>,
+    max_event_bytes: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -84,6 +89,9 @@ struct RawUpstream {
     storage_uri: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// Client headers this upstream also receives, beyond the built-in allowlist.
+    #[serde(default)]
+    forward_headers: Vec<String>,
     /// Only for `kind = "mock"`: the protocol it is spoken to in.
     protocol: Option<String>,
 }
@@ -394,9 +402,23 @@ fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {
         connect_timeout: ms("connect_timeout_ms", raw.connect_timeout_ms, 5_000),
         first_byte_timeout: ms("first_byte_timeout_ms", raw.first_byte_timeout_ms, 300_000),
         idle_timeout: ms("idle_timeout_ms", raw.idle_timeout_ms, 300_000),
+        client_idle_timeout: ms("client_idle_timeout_ms", raw.client_idle_timeout_ms, 60_000),
+        client_body_timeout: ms("client_body_timeout_ms", raw.client_body_timeout_ms, 30_000),
+        max_connections: usize::try_from(raw.max_connections.unwrap_or(10_000))
+            .unwrap_or(usize::MAX),
+        max_reply_bytes: raw.max_reply_bytes.unwrap_or(64 * 1024 * 1024),
+        max_event_bytes: usize::try_from(raw.max_event_bytes.unwrap_or(16 * 1024 * 1024))
+            .unwrap_or(usize::MAX),
     };
-    if limits.max_request_bytes == 0 {
-        errors.push("limits.max_request_bytes", "must be greater than 0");
+    for (name, v) in [
+        ("max_request_bytes", limits.max_request_bytes),
+        ("max_connections", limits.max_connections as u64),
+        ("max_reply_bytes", limits.max_reply_bytes),
+        ("max_event_bytes", limits.max_event_bytes as u64),
+    ] {
+        if v == 0 {
+            errors.push(format!("limits.{name}"), "must be greater than 0");
+        }
     }
     limits
 }
@@ -728,6 +750,18 @@ fn validate_upstreams(
                 (_, Err(_)) => errors.push(hpath, "invalid header value"),
             }
         }
+        let mut forward_headers = Vec::new();
+        for (j, name) in u.forward_headers.iter().enumerate() {
+            let hpath = format!("{path}.forward_headers[{j}]");
+            match HeaderName::try_from(name.as_str()) {
+                Ok(n) if crate::upstream::never_forwarded(&n) => errors.push(
+                    hpath,
+                    format!("{name:?} is a credential or connection header and is never forwarded"),
+                ),
+                Ok(n) => forward_headers.push(n),
+                Err(_) => errors.push(hpath, "invalid header name"),
+            }
+        }
         let mock_protocol = match (kind, u.protocol.as_deref()) {
             (UpstreamKind::Mock, None) => Some(Protocol::Chat),
             (UpstreamKind::Mock, Some(p)) => match Protocol::parse(p) {
@@ -766,6 +800,7 @@ fn validate_upstreams(
             google,
             storage_uri: u.storage_uri,
             headers,
+            forward_headers,
             protocol_uris,
             mock_protocol,
         }));

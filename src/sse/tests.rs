@@ -6,7 +6,7 @@ fn decode_all(pieces: &[&[u8]]) -> Vec<SseEvent> {
     let mut d = SseDecoder::new();
     let mut out = Vec::new();
     for p in pieces {
-        d.feed(p, &mut out);
+        d.feed(p, &mut out).unwrap();
     }
     d.finish(&mut out);
     out
@@ -100,4 +100,46 @@ fn random_splits_property() {
             String::from_utf8_lossy(&text)
         );
     }
+}
+
+#[test]
+fn an_event_over_the_limit_is_refused_and_one_within_it_is_not() {
+    let mut d = SseDecoder::with_limit(64);
+    let mut out = Vec::new();
+    d.feed(b"data: ", &mut out).unwrap();
+    // A line without a break grows the pending buffer; the limit counts it.
+    let err = (0..20).find_map(|_| d.feed(b"xxxxxxxx", &mut out).err());
+    assert_eq!(err, Some(EventTooLarge(64)));
+    assert!(out.is_empty());
+
+    // Many data lines of one event count together too.
+    let mut d = SseDecoder::with_limit(64);
+    let err = (0..20).find_map(|_| d.feed(b"data: 0123456789\n", &mut out).err());
+    assert_eq!(err, Some(EventTooLarge(64)));
+
+    // Events under the limit pass, however many there are.
+    let mut d = SseDecoder::with_limit(64);
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        d.feed(b"data: 0123456789\n\n", &mut out).unwrap();
+    }
+    assert_eq!(out.len(), 1000);
+}
+
+#[test]
+fn a_long_line_fed_in_small_pieces_is_searched_once() {
+    // 4 MiB in 1-byte-apart feeds of 4 KiB: quadratic rescanning would be ~2 G byte checks;
+    // the decoder keeps its scan position, so this stays a linear pass.
+    let mut d = SseDecoder::new();
+    let mut out = Vec::new();
+    d.feed(b"data: ", &mut out).unwrap();
+    let piece = vec![b'a'; 4096];
+    for _ in 0..1024 {
+        d.feed(&piece, &mut out).unwrap();
+    }
+    assert_eq!(d.scanned, d.buf.len());
+    d.feed(b"\n\n", &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].data.len(), 4 * 1024 * 1024);
+    assert_eq!(d.scanned, 0);
 }

@@ -124,7 +124,7 @@ fn translation(client: Protocol) -> Translation {
 async fn anthropic_clients_get_a_ping_while_the_upstream_is_silent() {
     use http_body_util::BodyExt;
     let t = translation(Protocol::Messages);
-    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t));
+    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t, DEFAULT_MAX_EVENT));
     let started = tokio::time::Instant::now();
     let frame = body.frame().await.unwrap().unwrap();
     assert_eq!(frame.data_ref().unwrap().as_ref(), messages::PING);
@@ -139,7 +139,7 @@ async fn anthropic_clients_get_a_ping_while_the_upstream_is_silent() {
 async fn other_clients_get_no_ping() {
     use http_body_util::BodyExt;
     let t = translation(Protocol::Responses);
-    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t));
+    let mut body = std::pin::pin!(TranslateBody::new(Silent, &t, DEFAULT_MAX_EVENT));
     let waited = tokio::time::timeout(PING_INTERVAL * 3, body.frame()).await;
     assert!(
         waited.is_err(),

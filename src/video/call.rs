@@ -61,21 +61,20 @@ pub async fn authorize(
     }
 }
 
-/// `text` without the upstream's credential in it, wherever an upstream echoed it back.
+/// `text` without the upstream's credential in it (`[redacted]`), wherever an upstream echoed it back.
 pub fn scrub(upstream: &Upstream, text: &str) -> String {
     let mut out = match &upstream.google {
         Some(auth) => auth.scrub(text),
         None => text.to_owned(),
     };
+    // Too short a credential would redact ordinary words; real keys are far longer.
     if let Some(secret) = upstream
         .credential
         .as_ref()
-        .and_then(|c| c.header_value().to_str().ok())
+        .map(|c| c.key_bytes())
+        .filter(|k| k.len() >= 8)
     {
-        let bare = secret.strip_prefix("Bearer ").unwrap_or(secret);
-        if !bare.is_empty() {
-            out = out.replace(bare, "***");
-        }
+        out = String::from_utf8_lossy(&crate::body::redact(out.as_bytes(), secret)).into_owned();
     }
     out
 }

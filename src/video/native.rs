@@ -198,6 +198,7 @@ mod tests {
             google: None,
             storage_uri: None,
             headers: Vec::new(),
+            forward_headers: Vec::new(),
             protocol_uris: [None, None, None],
             mock_protocol: None,
         }

@@ -86,26 +86,14 @@ pub struct Signer {
 }
 
 impl Signer {
-    /// `secrets` from `[video] task_secrets_env`; none configured means a random secret for this process.
-    pub fn new(secrets: &[Vec<u8>], env_name: &str) -> Self {
-        let secrets: Vec<Vec<u8>> = secrets.iter().filter(|s| !s.is_empty()).cloned().collect();
-        if !secrets.is_empty() {
-            return Self { secrets };
+    /// `secrets` from `[video] task_secrets_env`; none configured means `process_secret`, the
+    /// random secret this process drew at start (so ids survive reloads, not restarts).
+    pub fn new(secrets: &[Vec<u8>], process_secret: &[u8; 32]) -> Self {
+        let mut secrets: Vec<Vec<u8>> = secrets.iter().filter(|s| !s.is_empty()).cloned().collect();
+        if secrets.is_empty() {
+            secrets.push(process_secret.to_vec());
         }
-        // `modelgate serve` warns about this at start; here it is only noted.
-        tracing::debug!(
-            env = env_name,
-            "no video task secret configured: using a random one, so task ids and download links \
-             stop working when this process restarts and are not accepted by other instances"
-        );
-        let mut secret = vec![0u8; 32];
-        if getrandom::getrandom(&mut secret).is_err() {
-            // Without OS randomness the ids are still unguessable enough for one process's life.
-            secret.iter_mut().for_each(|b| *b = fastrand::u8(..));
-        }
-        Self {
-            secrets: vec![secret],
-        }
+        Self { secrets }
     }
 
     /// A task id for `task`, bound to the key named `key_name`; `prefix` shortens the reference when it starts with it.

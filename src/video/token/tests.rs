@@ -4,7 +4,7 @@ use super::*;
 
 fn signer(secrets: &[&str]) -> Signer {
     let s: Vec<Vec<u8>> = secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
-    Signer::new(&s, "TEST")
+    Signer::new(&s, &[0; 32])
 }
 
 fn task() -> TaskToken {
@@ -95,12 +95,15 @@ fn rotation_the_first_signs_all_verify() {
 }
 
 #[test]
-fn unset_secret_is_random_per_process() {
-    let a = Signer::new(&[], "TEST");
-    let b = Signer::new(&[], "TEST");
+fn unset_secret_is_the_process_secret() {
+    let a = Signer::new(&[], &[1; 32]);
+    let b = Signer::new(&[], &[2; 32]);
+    // A reload builds a new signer from the same process secret: its ids still verify.
+    let reloaded = Signer::new(&[], &[1; 32]);
     let id = a.sign_task("alice", &task(), None);
     assert!(a.verify_task("alice", &id, |_, _| None).is_some());
     assert!(b.verify_task("alice", &id, |_, _| None).is_none());
+    assert!(reloaded.verify_task("alice", &id, |_, _| None).is_some());
 }
 
 #[test]
