@@ -118,6 +118,11 @@ pub struct Upstream {
     pub kind: UpstreamKind,
     pub base_url: Option<BaseUrl>,
     pub credential: Option<Secret>,
+    /// `veo-vertex` without `api_key_env`: tokens from a service-account key or the metadata
+    /// server, fetched when needed (the static `credential` is then `None`).
+    pub google: Option<Arc<crate::google_auth::GoogleAuth>>,
+    /// `veo-vertex`: the `gs://` prefix results are written under (`storageUri`), unless the model names its own.
+    pub storage_uri: Option<String>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Client headers forwarded to this upstream beyond the built-in allowlist (gateway.md §14).
     pub forward_headers: Vec<HeaderName>,
@@ -270,6 +275,8 @@ pub struct Model {
     pub vision: bool,
     pub thinking: ThinkingStyle,
     pub default_max_tokens: Option<u32>,
+    /// `veo-vertex`: where results are written (`storageUri`); the upstream's when unset.
+    pub storage_uri: Option<String>,
 }
 
 impl Model {
@@ -400,6 +407,8 @@ pub struct VideoSettings {
     pub status_cache: Duration,
     /// Root of the Cloud Storage JSON API that `gs://` results are downloaded from.
     pub gcs_api_url: String,
+    /// `Host` values (lowercase `host[:port]`, or a bare host for any port) that file URLs may be built from.
+    pub trusted_hosts: Vec<String>,
 }
 
 /// The validated configuration.

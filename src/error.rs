@@ -78,8 +78,8 @@ pub enum ErrorKind {
     UpstreamUnreachable,
     UpstreamBadResponse,
     UpstreamTimeout,
-    /// An upstream refused the gateway's own credential (its 401 or 403): the gateway's fault
-    /// to fix, never the client's key, so a 502.
+    /// An upstream refused the gateway's own credential (its 401 or 403), or no token could be
+    /// got for it: the gateway's fault to fix, never the client's key, so a 502.
     UpstreamAuthFailed,
     /// The shared store is unreachable and `[store] on_error = "deny"`.
     StoreUnavailable,

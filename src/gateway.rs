@@ -16,6 +16,8 @@ pub struct Services {
     pub limiter: Arc<Limiter>,
     /// Drawn from the OS's random source at start; signs video ids when no secret is configured.
     pub process_secret: [u8; 32],
+    /// The video listener's bound address (the config may say port 0), set once it is bound.
+    pub video_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Services {
@@ -35,6 +37,7 @@ impl Services {
             metrics,
             limits: config.limits,
             process_secret,
+            video_addr: std::sync::OnceLock::new(),
         })
     }
 }

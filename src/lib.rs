@@ -37,6 +37,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod gateway;
+pub mod google_auth;
 pub mod ir;
 pub mod json;
 pub mod limits;

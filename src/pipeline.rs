@@ -26,7 +26,7 @@ use crate::route::{self, NamePattern};
 use crate::routing::Routing;
 use crate::translate::{self, Translation};
 use crate::upstream;
-use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint};
+use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
 use crate::{mock, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
@@ -87,6 +87,8 @@ struct Ctx {
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// The model name the client sent.
     client_model: Option<String>,
+    /// The key's name where no authenticated key gives it (a video download's signed id).
+    key_name: Option<String>,
     /// The client's protocol, for LLM requests.
     protocol: &'static str,
     /// Usage read from the upstream's reply.
@@ -213,6 +215,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         tries: String::new(),
         extra_headers: Vec::new(),
         client_model: None,
+        key_name: None,
         protocol: "",
         tokens: Arc::default(),
         fate: Fate::default(),
@@ -263,7 +266,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         address: address.name(),
         method,
         path,
-        key: ctx.key.map(|k| k.name.clone()),
+        key: ctx.key.map(|k| k.name.clone()).or(ctx.key_name),
         model: ctx.client_model,
         model_entry: ctx.model.map(|m| m.name.clone()),
         upstream: ctx.upstream,
@@ -350,14 +353,21 @@ async fn video(
         VideoEndpoint::Create => Some(read_body(body, &parts.headers, &gw.services.limits).await?),
         _ => None,
     };
+    let seen = VideoSeen::default();
     let call = VideoCall {
+        method: &parts.method,
         headers: &parts.headers,
         uri: &parts.uri,
         request_id: &ctx.request_id,
         principal: ctx.key.as_ref(),
         body: bytes.as_ref(),
+        seen: &seen,
     };
-    rt.video.handle(&gw.services, &rt.models, ep, call).await
+    let result = rt.video.handle(&gw.services, &rt.models, ep, call).await;
+    // Errors included: a refused create still names the model it asked for.
+    ctx.client_model = seen.model.into_inner();
+    ctx.key_name = seen.key.into_inner();
+    result
 }
 
 /// Admits the request under its key's limits; the answer's headers go on the response either way.

@@ -77,7 +77,11 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                     format!("cannot listen on {addr} ({}): {e}", a.name()),
                 )
             })?;
-            addrs.insert(a, l.local_addr()?);
+            let bound = l.local_addr()?;
+            addrs.insert(a, bound);
+            if a == Address::Video {
+                let _ = gateway.services.video_addr.set(bound);
+            }
             // Admin stays plain HTTP: it is for probes and scrapers inside the network.
             let tls = if a == Address::Admin {
                 None

@@ -16,13 +16,14 @@ mod download;
 mod inline;
 pub mod mock;
 mod native;
+mod range;
 pub mod request;
 mod task;
 mod token;
 mod veo;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -70,9 +71,11 @@ pub struct VideoService {
     cache: Cache<String, Arc<Outcome>>,
     upstreams: HashMap<String, Arc<Upstream>>,
     public_url: Option<String>,
+    /// `Host` values file URLs may be built from (lowercase).
+    trusted_hosts: Vec<String>,
     /// The scheme of the video listener, for URLs built from a request's `Host`.
     scheme: &'static str,
-    listen: Option<String>,
+    listen: Option<std::net::SocketAddr>,
     file_ttl: Duration,
     gcs_api_url: String,
 }
@@ -86,6 +89,11 @@ impl VideoService {
             .filter(|u| u.kind.is_video() || u.kind == UpstreamKind::Mock)
             .map(|u| (u.name.clone(), u.clone()))
             .collect();
+        for u in config.upstreams.iter() {
+            if let Some(auth) = &u.google {
+                tracing::info!(upstream = %u.name, source = ?auth.source(), "Google credentials for a Vertex upstream");
+            }
+        }
         let cache = Cache::builder()
             .max_capacity(CACHE_ENTRIES)
             .expire_after(TaskExpiry {
@@ -97,12 +105,13 @@ impl VideoService {
             cache,
             upstreams,
             public_url: v.public_url.clone(),
+            trusted_hosts: v.trusted_hosts.clone(),
             scheme: if config.tls.is_some() {
                 "https"
             } else {
                 "http"
             },
-            listen: config.listen.video.map(|a| a.to_string()),
+            listen: config.listen.video,
             file_ttl: v.file_url_ttl,
             gcs_api_url: v.gcs_api_url.clone(),
         }
@@ -121,7 +130,7 @@ impl VideoService {
         let result = match ep {
             Endpoint::Create => self.create(gw, models, call).await,
             Endpoint::Lookup(id) => self.lookup(gw, call, id).await,
-            Endpoint::Download(id) => self.download(gw, id, call.request_id).await,
+            Endpoint::Download(id) => self.download(gw, id, call).await,
         };
         match result {
             Ok(resp) => Ok(resp),
@@ -153,6 +162,7 @@ impl VideoService {
         let bytes = call.body.cloned().unwrap_or_default();
         let obj = crate::validate::request_object(&bytes)?;
         let client_model = request::model(&obj)?.into_owned();
+        let _ = call.seen.model.set(client_model.clone());
         principal.check_model(&client_model, Address::Video)?;
         let model = models.resolve(&client_model, Address::Video)?.clone();
         let checked = request::validate(&obj)?;
@@ -174,7 +184,19 @@ impl VideoService {
                 native::create(gw, &model, call.headers, request_id, &bytes, obj).await?
             }
             UpstreamKind::VeoVertex | UpstreamKind::VeoGemini => {
-                veo::create(gw, upstream, &upstream_model, &checked, request_id).await?
+                let storage_uri = model
+                    .storage_uri
+                    .as_deref()
+                    .or(upstream.storage_uri.as_deref());
+                veo::create(
+                    gw,
+                    upstream,
+                    &upstream_model,
+                    &checked,
+                    storage_uri,
+                    request_id,
+                )
+                .await?
             }
             other => {
                 return Err(GatewayError::new(
@@ -191,6 +213,7 @@ impl VideoService {
             created_ms: now_ms(),
             upstream: upstream.name.clone(),
             model: upstream_model,
+            client_model: Some(client_model),
             reference,
         };
         let id = self.signer.sign_task(
@@ -220,6 +243,12 @@ impl VideoService {
             .signer
             .verify_task(&principal.name, id, |u, m| self.prefix(u, m))
             .ok_or_else(not_found)?;
+        // §12: a lookup's model is the task's, as its creator named it.
+        let model_name = task
+            .client_model
+            .clone()
+            .unwrap_or_else(|| task.model.clone());
+        let _ = call.seen.model.set(model_name.clone());
         let upstream = self.upstreams.get(&task.upstream).ok_or_else(|| {
             GatewayError::new(
                 ErrorKind::NotFound,
@@ -244,6 +273,8 @@ impl VideoService {
                 let expires_s = now_ms() / 1000 + self.file_ttl.as_secs();
                 let file = FileToken {
                     expires_s,
+                    key: principal.name.clone(),
+                    model: model_name.clone(),
                     source: source.clone(),
                 };
                 let prefix = match source {
@@ -255,7 +286,7 @@ impl VideoService {
                 let file_id = self.signer.sign_file(&file, prefix.as_deref());
                 data.url = Some(format!(
                     "{}/v1/files/{file_id}",
-                    self.public_base(call.headers, call.uri)
+                    self.public_base(gw, call.headers, call.uri)
                 ));
             }
             None => {}
@@ -267,17 +298,24 @@ impl VideoService {
         Ok(envelope(&data))
     }
 
-    /// `GET /v1/files/{fileId}`: no key; the id itself is the permission, until it expires.
+    /// `GET|HEAD /v1/files/{fileId}`: no key; the id itself is the permission, until it expires.
     async fn download(
         &self,
         gw: &Services,
         id: &str,
-        request_id: &HeaderValue,
+        call: Call<'_>,
     ) -> Result<Response<Body>, Failure> {
         let file = self
             .signer
             .verify_file(id, |u, m| self.prefix(u, m))
             .ok_or_else(|| GatewayError::new(ErrorKind::NotFound, "no such file"))?;
+        // The id names who looked the task up and its model: the download's log line says so.
+        if !file.key.is_empty() {
+            let _ = call.seen.key.set(file.key.clone());
+        }
+        if !file.model.is_empty() {
+            let _ = call.seen.model.set(file.model.clone());
+        }
         if file.expires_s < now_ms() / 1000 {
             return Err(GatewayError::new(
                 ErrorKind::NotFound,
@@ -293,7 +331,19 @@ impl VideoService {
                 self.upstreams.get(upstream).map(Arc::as_ref)
             }
         };
-        download::serve(gw, upstream, &file.source, &self.gcs_api_url, request_id).await
+        let want = download::Want {
+            head: call.method == Method::HEAD,
+            range: range::parse(call.headers),
+        };
+        download::serve(
+            gw,
+            upstream,
+            &file.source,
+            &self.gcs_api_url,
+            call.request_id,
+            want,
+        )
+        .await
     }
 
     /// The operation-name prefix of an upstream and model, shared by signing and verifying.
@@ -301,8 +351,12 @@ impl VideoService {
         veo::op_prefix(self.upstreams.get(upstream)?, model)
     }
 
-    /// How clients reach the video address: `[video] public_url`, else the request's host.
-    fn public_base(&self, headers: &HeaderMap, uri: &http::Uri) -> String {
+    /// How clients reach the video address (gateway.md §14): `[video] public_url`, else the
+    /// request's `Host` when it is one of `trusted_hosts`, else the listen address.
+    ///
+    /// An untrusted `Host` must never choose the domain: a client (or anyone between it and the
+    /// gateway) could otherwise make the gateway hand out links to a host they control.
+    fn public_base(&self, gw: &Services, headers: &HeaderMap, uri: &http::Uri) -> String {
         if let Some(url) = &self.public_url {
             return url.clone();
         }
@@ -310,17 +364,29 @@ impl VideoService {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| uri.authority().map(http::uri::Authority::as_str))
-            // Only host[:port] characters: a crafted Host must not bend the URL's shape.
-            .filter(|h| {
-                !h.is_empty()
-                    && h.bytes().all(|b| {
-                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
-                    })
-            })
-            .map(str::to_owned)
-            .or_else(|| self.listen.clone())
-            .unwrap_or_else(|| "localhost".to_owned());
+            .map(str::to_ascii_lowercase)
+            .filter(|h| self.trusts(h));
+        let host = host.unwrap_or_else(|| {
+            // The bound address: the config's may say port 0.
+            gw.video_addr
+                .get()
+                .copied()
+                .or(self.listen)
+                .map_or_else(|| "localhost".to_owned(), |a| a.to_string())
+        });
         format!("{}://{host}", self.scheme)
+    }
+
+    /// Whether `host` (`host[:port]`, lowercase) is listed, exactly or by its host part.
+    fn trusts(&self, host: &str) -> bool {
+        let bare = match host.rsplit_once(':') {
+            // `[::1]:8082` and `example.com:8082`, not the colons inside `[::1]`.
+            Some((h, port)) if !port.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => host,
+        };
+        self.trusted_hosts
+            .iter()
+            .any(|t| t == host || (!t.contains(':') || t.ends_with(']')) && t == bare)
     }
 }
 
@@ -331,7 +397,7 @@ pub enum Endpoint<'a> {
     Create,
     /// `GET|POST /v1/tasks/{taskId}`
     Lookup(&'a str),
-    /// `GET /v1/files/{fileId}`: no key; the signed id is the permission.
+    /// `GET|HEAD /v1/files/{fileId}`: no key; the signed id is the permission.
     Download(&'a str),
 }
 
@@ -348,8 +414,8 @@ impl<'a> Endpoint<'a> {
             }
             Ok(Self::Lookup(id))
         } else if let Some(id) = path.strip_prefix("/v1/files/") {
-            if method != Method::GET {
-                return Err(GatewayError::method_not_allowed("GET"));
+            if method != Method::GET && method != Method::HEAD {
+                return Err(GatewayError::method_not_allowed("GET, HEAD"));
             }
             Ok(Self::Download(id))
         } else {
@@ -366,9 +432,19 @@ impl<'a> Endpoint<'a> {
     }
 }
 
+/// What a video request turned out to be about, for its access log line (gateway.md §12).
+#[derive(Default, Debug)]
+pub struct Seen {
+    /// The key's name where no `Authorization` named it (a download: from its signed id).
+    pub key: OnceLock<String>,
+    /// The model as the client named it (a lookup or download: the task's).
+    pub model: OnceLock<String>,
+}
+
 /// What the pipeline hands over with a video request.
 #[derive(Clone, Copy)]
 pub struct Call<'a> {
+    pub method: &'a Method,
     pub headers: &'a HeaderMap,
     pub uri: &'a http::Uri,
     pub request_id: &'a HeaderValue,
@@ -376,6 +452,8 @@ pub struct Call<'a> {
     pub principal: Option<&'a Arc<Principal>>,
     /// The request body, read for task creation.
     pub body: Option<&'a Bytes>,
+    /// Filled in as the request is understood; the pipeline logs it.
+    pub seen: &'a Seen,
 }
 
 impl Call<'_> {

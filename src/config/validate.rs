@@ -42,6 +42,8 @@ struct RawVideo {
     file_url_ttl_s: Option<u64>,
     status_cache_ms: Option<u64>,
     gcs_api_url: Option<String>,
+    #[serde(default)]
+    trusted_hosts: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -79,6 +81,12 @@ struct RawUpstream {
     kind: String,
     base_url: Option<String>,
     api_key_env: Option<String>,
+    /// `veo-vertex`: a service-account JSON key file (else `GOOGLE_APPLICATION_CREDENTIALS`).
+    credentials_file: Option<PathBuf>,
+    /// `veo-vertex`: the metadata server's root (else `GCE_METADATA_HOST`, else Google's default).
+    metadata_url: Option<String>,
+    /// `veo-vertex`: `storageUri`, the `gs://` prefix results are written under.
+    storage_uri: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     /// Client headers this upstream also receives, beyond the built-in allowlist.
@@ -134,6 +142,8 @@ struct RawModel {
     vision: bool,
     thinking: Option<String>,
     default_max_tokens: Option<u32>,
+    /// `veo-vertex` models: `storageUri`, overriding the upstream's.
+    storage_uri: Option<String>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -289,7 +299,7 @@ pub(super) fn parse(
     let limits = validate_limits(&raw_limits, &mut errors);
     let video = validate_video(raw_video, env, &mut errors);
     let store = validate_store(raw_store, env, &mut errors);
-    let upstreams = validate_upstreams(raw_upstreams, env, &mut errors);
+    let upstreams = validate_upstreams(raw_upstreams, env, base_dir, &mut errors);
     let defaults = Defaults {
         retry: validate_retry(&raw_retry, RetryPolicy::default(), "retry", &mut errors),
         health: validate_health(&raw_health, HealthPolicy::default(), "health", &mut errors),
@@ -451,6 +461,21 @@ fn validate_video(
             errors.push("video.gcs_api_url", e);
         }
     }
+    let mut trusted_hosts = Vec::new();
+    for (i, h) in raw.trusted_hosts.iter().enumerate() {
+        let ok = !h.is_empty()
+            && h.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
+            });
+        if ok {
+            trusted_hosts.push(h.to_ascii_lowercase());
+        } else {
+            errors.push(
+                format!("video.trusted_hosts[{i}]"),
+                format!("{h:?} is not a host or host:port"),
+            );
+        }
+    }
     if raw.file_url_ttl_s == Some(0) {
         errors.push("video.file_url_ttl_s", "must be greater than 0");
     }
@@ -464,6 +489,70 @@ fn validate_video(
             || "https://storage.googleapis.com".to_owned(),
             |u| u.trim_end_matches('/').to_owned(),
         ),
+        trusted_hosts,
+    }
+}
+
+/// A `storage_uri`: `gs://bucket/` and an optional prefix; only Vertex can write there.
+fn check_storage_uri(uri: &str, path: String, vertex: bool, errors: &mut Errors) {
+    if !vertex {
+        errors.push(
+            path,
+            "only a veo-vertex upstream writes results to Cloud Storage",
+        );
+        return;
+    }
+    let bucket = uri
+        .strip_prefix("gs://")
+        .map(|rest| rest.split('/').next().unwrap_or(""));
+    if bucket.map_or(true, str::is_empty) {
+        errors.push(
+            path,
+            format!("{uri:?} must be a Cloud Storage address, gs://bucket/prefix/"),
+        );
+    }
+}
+
+/// A Vertex upstream's credential when `api_key_env` names none: a key file, else the metadata server.
+fn google_source(
+    u: &RawUpstream,
+    path: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    base_dir: &Path,
+    errors: &mut Errors,
+) -> Option<crate::google_auth::Source> {
+    use crate::google_auth::{Source, DEFAULT_METADATA_ROOT};
+    let from_env = env("GOOGLE_APPLICATION_CREDENTIALS").filter(|v| !v.is_empty());
+    let file = u
+        .credentials_file
+        .clone()
+        .map(|f| (base_dir.join(f), format!("{path}.credentials_file")))
+        .or_else(|| {
+            from_env.map(|f| {
+                (
+                    PathBuf::from(f),
+                    format!("{path}.credentials_file (from GOOGLE_APPLICATION_CREDENTIALS)"),
+                )
+            })
+        });
+    let result = match file {
+        Some((file, key)) => Source::from_key_file(&file).map_err(|e| (key, e)),
+        None => {
+            let root = match (&u.metadata_url, env("GCE_METADATA_HOST")) {
+                (Some(url), _) => url.clone(),
+                // Google's libraries take a bare host[:port] here.
+                (None, Some(host)) if !host.is_empty() => format!("http://{host}"),
+                _ => DEFAULT_METADATA_ROOT.to_owned(),
+            };
+            Source::metadata(&root).map_err(|e| (format!("{path}.metadata_url"), e))
+        }
+    };
+    match result {
+        Ok(s) => Some(s),
+        Err((key, e)) => {
+            errors.push(key, e);
+            None
+        }
     }
 }
 
@@ -537,6 +626,7 @@ fn env_secret(
 fn validate_upstreams(
     raw: Vec<Option<RawUpstream>>,
     env: &dyn Fn(&str) -> Option<String>,
+    base_dir: &Path,
     errors: &mut Errors,
 ) -> Vec<Arc<Upstream>> {
     let mut names = HashSet::new();
@@ -607,7 +697,8 @@ fn validate_upstreams(
                 })
             }
             None => {
-                if matches!(kind, UpstreamKind::VeoVertex | UpstreamKind::VeoGemini) {
+                // Vertex finds its credential as Google's libraries do (below); Gemini needs its key.
+                if kind == UpstreamKind::VeoGemini {
                     errors.push(
                         format!("{path}.api_key_env"),
                         format!("required for kind {:?}", kind.name()),
@@ -616,6 +707,37 @@ fn validate_upstreams(
                 None
             }
         };
+        let google = if kind != UpstreamKind::VeoVertex {
+            for (set, key) in [
+                (u.credentials_file.is_some(), "credentials_file"),
+                (u.metadata_url.is_some(), "metadata_url"),
+                (u.storage_uri.is_some(), "storage_uri"),
+            ] {
+                if set {
+                    errors.push(
+                        format!("{path}.{key}"),
+                        "only a veo-vertex upstream takes this key",
+                    );
+                }
+            }
+            None
+        } else if u.api_key_env.is_some() {
+            if u.credentials_file.is_some() || u.metadata_url.is_some() {
+                errors.push(
+                    path.clone(),
+                    "give either `api_key_env` (a static token) or `credentials_file`/`metadata_url`, not both",
+                );
+            }
+            None
+        } else {
+            google_source(&u, &path, env, base_dir, errors)
+                .map(|s| Arc::new(crate::google_auth::GoogleAuth::new(s)))
+        };
+        if let Some(uri) = &u.storage_uri {
+            if kind == UpstreamKind::VeoVertex {
+                check_storage_uri(uri, format!("{path}.storage_uri"), true, errors);
+            }
+        }
         let mut headers = Vec::new();
         for (name, value) in &u.headers {
             let hpath = format!("{path}.headers.{name}");
@@ -675,6 +797,8 @@ fn validate_upstreams(
             kind,
             base_url,
             credential,
+            google,
+            storage_uri: u.storage_uri,
             headers,
             forward_headers,
             protocol_uris,
@@ -982,6 +1106,12 @@ fn validate_models(
             })
             .count();
         let is_video = video_targets > 0;
+        if let Some(uri) = &m.storage_uri {
+            let vertex = targets
+                .iter()
+                .all(|t| t.upstream.kind == UpstreamKind::VeoVertex);
+            check_storage_uri(uri, format!("{path}.storage_uri"), vertex, errors);
+        }
         if is_video && targets.len() > 1 {
             errors.push(
                 format!("{path}.targets"),
@@ -1099,6 +1229,7 @@ fn validate_models(
                     vision: m.vision,
                     thinking,
                     default_max_tokens: m.default_max_tokens,
+                    storage_uri: m.storage_uri,
                 }));
             }
         }

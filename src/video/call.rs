@@ -30,6 +30,61 @@ impl From<GatewayError> for Failure {
     }
 }
 
+/// Puts the upstream's Google access token on `req`, for an upstream that gets its credential that way.
+///
+/// A token that cannot be had is a 502 `upstream_auth_failed`: the client learns whose setup
+/// failed, the log learns why.
+pub async fn authorize(
+    gw: &Services,
+    upstream: &Upstream,
+    req: &mut Request<Full<Bytes>>,
+) -> Result<(), Failure> {
+    let Some(auth) = &upstream.google else {
+        return Ok(());
+    };
+    match auth.authorization(&gw.client, upstream).await {
+        Ok(value) => {
+            req.headers_mut().insert(header::AUTHORIZATION, value);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!(upstream = %upstream.name, error = %e, "no Google access token");
+            Err(GatewayError::new(
+                ErrorKind::UpstreamAuthFailed,
+                format!(
+                    "the gateway could not get an access token for upstream {:?}; the cause is in the gateway's log",
+                    upstream.name
+                ),
+            )
+            .into())
+        }
+    }
+}
+
+/// `text` without the upstream's credential in it (`[redacted]`), wherever an upstream echoed it back.
+pub fn scrub(upstream: &Upstream, text: &str) -> String {
+    let mut out = match &upstream.google {
+        Some(auth) => auth.scrub(text),
+        None => text.to_owned(),
+    };
+    // Too short a credential would redact ordinary words; real keys are far longer.
+    if let Some(secret) = upstream
+        .credential
+        .as_ref()
+        .map(|c| c.key_bytes())
+        .filter(|k| k.len() >= 8)
+    {
+        out = String::from_utf8_lossy(&crate::body::redact(out.as_bytes(), secret)).into_owned();
+    }
+    out
+}
+
+/// [`detail`] of an upstream's error body, scrubbed of its credential before anything is cut.
+pub fn safe_detail(upstream: &Upstream, body: &[u8]) -> String {
+    // A token is base64url and dots: replacing it inside a JSON string keeps the JSON valid.
+    detail(scrub(upstream, &String::from_utf8_lossy(body)).as_bytes())
+}
+
 /// Sends one request to `upstream` and waits for its head (first-byte timeout).
 pub async fn send(
     gw: &Services,
@@ -66,16 +121,34 @@ pub async fn read(gw: &Services, upstream: &Upstream, body: Incoming) -> Result<
 }
 
 /// The client's error for an upstream's 4xx/5xx: its status kept where the envelope has a code
-/// for it, its own message quoted, `retry-after` kept.
+/// for it, its own message quoted (any credential in it scrubbed), `retry-after` kept.
+///
+/// A 401 or 403 is about the gateway's own credential (the client's never reaches an upstream):
+/// a 502 `upstream_auth_failed` whose body quotes nothing of the upstream's, the cause logged.
 pub fn upstream_error(
     upstream: &Upstream,
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Failure {
+    if matches!(status.as_u16(), 401 | 403) {
+        tracing::warn!(
+            upstream = %upstream.name,
+            status = status.as_u16(),
+            detail = %safe_detail(upstream, body),
+            "the upstream refused the gateway's credential"
+        );
+        return GatewayError::new(
+            ErrorKind::UpstreamAuthFailed,
+            format!(
+                "upstream {:?} refused the gateway's credential for it (HTTP {}); the cause is in the gateway's log",
+                upstream.name,
+                status.as_u16()
+            ),
+        )
+        .into();
+    }
     let kind = match status.as_u16() {
-        401 => ErrorKind::Unauthorized,
-        403 => ErrorKind::Forbidden,
         404 => ErrorKind::NotFound,
         405 => ErrorKind::MethodNotAllowed,
         413 => ErrorKind::TooLarge,
@@ -92,7 +165,7 @@ pub fn upstream_error(
                 "upstream {:?} answered {}: {}",
                 upstream.name,
                 status.as_u16(),
-                detail(body)
+                safe_detail(upstream, body)
             ),
         ),
         retry_after: headers.get(header::RETRY_AFTER).cloned().map(Box::new),

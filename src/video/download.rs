@@ -16,12 +16,22 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::gateway::Services;
 use crate::upstream;
 use crate::video::call::{self, Failure};
-use crate::video::inline::DecodeBody;
+use crate::video::inline::{DecodeBody, Part, Scanner};
+use crate::video::range::{self, Slice, Spec};
 use crate::video::token::FileSource;
 use crate::video::{mock, veo};
 
 /// Redirects followed for one download (Gemini's file download answers with one).
 const MAX_REDIRECTS: usize = 5;
+
+/// What a download request asks for besides the file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Want {
+    /// `HEAD`: the headers only.
+    pub head: bool,
+    /// One byte range (`Range`); `None` is the whole file.
+    pub range: Option<Spec>,
+}
 
 /// Streams the file `source` names; `upstream` is the one it names (none for the mock).
 pub async fn serve(
@@ -30,19 +40,16 @@ pub async fn serve(
     source: &FileSource,
     gcs_api_url: &str,
     request_id: &HeaderValue,
+    want: Want,
 ) -> Result<Response<Body>, Failure> {
-    let upstream = match (source, upstream) {
-        (FileSource::Mock, _) => return Ok(mock::file()),
-        (_, Some(u)) => u,
+    let resp = match (source, upstream) {
+        (FileSource::Mock, _) => whole(Bytes::from_static(mock::MP4), "video/mp4", want.range),
         (_, None) => {
             return Err(gone(
                 "the upstream that made this file is no longer configured",
             ))
         }
-    };
-    match source {
-        FileSource::Mock => Ok(mock::file()),
-        FileSource::Gcs { bucket, object, .. } => {
+        (FileSource::Gcs { bucket, object, .. }, Some(upstream)) => {
             // The JSON API's media download: the object name is one encoded path segment.
             let url = format!(
                 "{gcs_api_url}/storage/v1/b/{}/o/{}?alt=media",
@@ -50,10 +57,10 @@ pub async fn serve(
                 call::encode_component(object)
             );
             let uri: Uri = url.parse().map_err(|e| call::bad_url(upstream, e))?;
-            let resp = fetch(gw, upstream, uri, true, request_id).await?;
-            relay(gw, upstream, resp).await
+            let resp = fetch(gw, upstream, uri, true, request_id, want.range).await?;
+            relay(gw, upstream, resp, want.range).await?
         }
-        FileSource::Remote { uri, .. } => {
+        (FileSource::Remote { uri, .. }, Some(upstream)) => {
             let uri: Uri = uri.parse().map_err(|e| call::bad_url(upstream, e))?;
             // The key goes only where the upstream itself lives.
             let same_origin = upstream
@@ -61,16 +68,57 @@ pub async fn serve(
                 .as_ref()
                 .and_then(|b| b.text.parse::<Uri>().ok())
                 .is_some_and(|b| origin(&b) == origin(&uri));
-            let resp = fetch(gw, upstream, uri, same_origin, request_id).await?;
-            relay(gw, upstream, resp).await
+            let resp = fetch(gw, upstream, uri, same_origin, request_id, want.range).await?;
+            relay(gw, upstream, resp, want.range).await?
         }
-        FileSource::Inline {
-            model,
-            reference,
-            mime,
-            ..
-        } => inline(gw, upstream, model, reference, mime, request_id).await,
+        (
+            FileSource::Inline {
+                model,
+                reference,
+                mime,
+                ..
+            },
+            Some(upstream),
+        ) => inline(gw, upstream, model, reference, mime, request_id, want).await?,
+    };
+    Ok(if want.head { head_only(resp) } else { resp })
+}
+
+/// The answer to a `HEAD`: the same head, no body, the length the body would have had.
+fn head_only(resp: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = resp.into_parts();
+    if let Some(n) = body.size_hint().exact() {
+        parts
+            .headers
+            .entry(header::CONTENT_LENGTH)
+            .or_insert_with(|| HeaderValue::from(n));
     }
+    // Dropping the body drops the upstream's: nothing more is read.
+    drop(body);
+    Response::from_parts(parts, crate::boxed::empty())
+}
+
+/// A file the gateway holds whole: 200, or the range of it.
+fn whole(bytes: Bytes, content_type: &'static str, range: Option<Spec>) -> Response<Body> {
+    let len = bytes.len() as u64;
+    let (body, span) = match range.map(|r| r.resolve(len)) {
+        None => (bytes, None),
+        Some(None) => return range::unsatisfiable(Some(len)),
+        // Both ends lie inside `bytes`, whose length fits in usize.
+        Some(Some((first, last))) => (
+            bytes.slice(first as usize..=last as usize),
+            Some((first, last)),
+        ),
+    };
+    let mut resp = Response::new(crate::boxed::full(body));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some((first, last)) = span {
+        range::mark_partial(&mut resp, first, last, Some(len));
+    }
+    resp
 }
 
 fn gone(why: &str) -> Failure {
@@ -91,9 +139,10 @@ async fn fetch(
     mut uri: Uri,
     mut credential: bool,
     request_id: &HeaderValue,
+    range: Option<Spec>,
 ) -> Result<Response<Incoming>, Failure> {
     for _ in 0..=MAX_REDIRECTS {
-        let req = upstream::build_call(
+        let mut req = upstream::build_call(
             upstream,
             Method::GET,
             uri.clone(),
@@ -101,6 +150,12 @@ async fn fetch(
             None,
             credential,
         )?;
+        if credential {
+            call::authorize(gw, upstream, &mut req).await?;
+        }
+        if let Some(r) = range {
+            req.headers_mut().insert(header::RANGE, r.header());
+        }
         let resp = call::send(gw, upstream, req).await?;
         let redirect = matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308);
         let location = resp
@@ -146,12 +201,23 @@ fn resolve(base: &Uri, location: &str) -> Option<Uri> {
 }
 
 /// Sends the upstream's bytes on as they come; its failure status becomes the client's error first.
+///
+/// With a range: an upstream's 206 goes on as it is; a 200 that ignored the range is cut to it
+/// here when its length is known, and sent whole otherwise (a server may ignore `Range`).
 async fn relay(
     gw: &Services,
     upstream: &Upstream,
     resp: Response<Incoming>,
+    range: Option<Spec>,
 ) -> Result<Response<Body>, Failure> {
     let (parts, body) = resp.into_parts();
+    if parts.status == StatusCode::RANGE_NOT_SATISFIABLE && range.is_some() {
+        let len = parts
+            .headers
+            .get(header::CONTENT_RANGE)
+            .and_then(range::complete_length);
+        return Ok(range::unsatisfiable(len));
+    }
     if !parts.status.is_success() {
         let bytes = call::read(gw, upstream, body).await?;
         return Err(veo::check_download_status(
@@ -167,22 +233,54 @@ async fn relay(
         .filter(|v| !v.as_bytes().starts_with(b"application/json"))
         .cloned()
         .unwrap_or(HeaderValue::from_static("video/mp4"));
+    let known_len = body.size_hint().exact();
+    let body = call::guarded(gw, body);
     // The size hint passes through, so a known length becomes the client's content-length.
-    let mut out = Response::new(BodyExt::boxed(call::guarded(gw, body)));
+    let mut out = match range {
+        Some(_) if parts.status == StatusCode::PARTIAL_CONTENT => {
+            let span = parts
+                .headers
+                .get(header::CONTENT_RANGE)
+                .and_then(range::parse_content_range)
+                .ok_or_else(|| {
+                    GatewayError::new(
+                        ErrorKind::UpstreamBadResponse,
+                        format!(
+                            "upstream {:?} answered 206 without a usable Content-Range",
+                            upstream.name
+                        ),
+                    )
+                })?;
+            let mut out = Response::new(BodyExt::boxed(body));
+            range::mark_partial(&mut out, span.0, span.1, span.2);
+            out
+        }
+        Some(spec) => match known_len.map(|len| (len, spec.resolve(len))) {
+            Some((len, None)) => return Ok(range::unsatisfiable(Some(len))),
+            Some((len, Some((first, last)))) => {
+                let mut out = Response::new(BodyExt::boxed(Slice::new(body, first, last)));
+                range::mark_partial(&mut out, first, last, Some(len));
+                out
+            }
+            None => Response::new(BodyExt::boxed(body)),
+        },
+        None => Response::new(BodyExt::boxed(body)),
+    };
     out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    out.headers_mut()
+        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     Ok(out)
 }
 
-/// Fetches the operation again and decodes its inline video as it streams.
-async fn inline(
+/// Reads the operation again for its inline video: the response, checked, ready to stream.
+async fn operation(
     gw: &Services,
     upstream: &Upstream,
     model: &str,
     reference: &str,
-    mime: &str,
     request_id: &HeaderValue,
-) -> Result<Response<Body>, Failure> {
-    let req = veo::poll_request(upstream, model, reference, request_id)?;
+) -> Result<Incoming, Failure> {
+    let req = veo::poll_request(gw, upstream, model, reference, request_id).await?;
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
     if !parts.status.is_success() {
@@ -194,6 +292,93 @@ async fn inline(
             &bytes,
         ));
     }
+    Ok(body)
+}
+
+/// The decoded length of the operation's inline video, counted from its base64 text as it streams.
+async fn inline_length(
+    gw: &Services,
+    upstream: &Upstream,
+    model: &str,
+    reference: &str,
+    request_id: &HeaderValue,
+) -> Result<u64, Failure> {
+    let mut body = Box::pin(call::guarded(
+        gw,
+        operation(gw, upstream, model, reference, request_id).await?,
+    ));
+    let mut scanner = Scanner::new(true);
+    let mut chars: u64 = 0;
+    while !scanner.done() {
+        let Some(frame) = body.frame().await else {
+            return Err(GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                "the upstream's answer holds no inline video",
+            )
+            .into());
+        };
+        let frame = frame.map_err(|e| {
+            GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                format!("reading the upstream's answer: {e}"),
+            )
+        })?;
+        if let Some(data) = frame.data_ref() {
+            scanner.feed(data, |part, text| {
+                if part == Part::Video {
+                    chars += text.iter().filter(|b| **b != b'=').count() as u64;
+                }
+            });
+        }
+    }
+    // Every base64 character carries six bits; a partial last byte is padding.
+    Ok(chars * 6 / 8)
+}
+
+/// Fetches the operation again and decodes its inline video as it streams.
+///
+/// A range or a HEAD needs the length first, which costs one more read of the operation.
+async fn inline(
+    gw: &Services,
+    upstream: &Upstream,
+    model: &str,
+    reference: &str,
+    mime: &str,
+    request_id: &HeaderValue,
+    want: Want,
+) -> Result<Response<Body>, Failure> {
+    let content_type = HeaderValue::try_from(mime).unwrap_or(HeaderValue::from_static("video/mp4"));
+    let len = if want.head || want.range.is_some() {
+        Some(inline_length(gw, upstream, model, reference, request_id).await?)
+    } else {
+        None
+    };
+    let span = match (want.range, len) {
+        (Some(spec), Some(len)) => match spec.resolve(len) {
+            Some(span) => Some(span),
+            None => return Ok(range::unsatisfiable(Some(len))),
+        },
+        _ => None,
+    };
+    if want.head {
+        let mut out = Response::new(crate::boxed::empty());
+        let n = match (span, len) {
+            (Some((first, last)), _) => Some(last - first + 1),
+            (None, len) => len,
+        };
+        if let Some(n) = n {
+            out.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+        out.headers_mut()
+            .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        if let Some((first, last)) = span {
+            range::mark_partial(&mut out, first, last, len);
+        }
+        return Ok(out);
+    }
+    let body = operation(gw, upstream, model, reference, request_id).await?;
     let mut decoded = Box::pin(DecodeBody::new(call::guarded(gw, body)));
     // Wait for the first bytes, so a missing or broken video is still a proper error response.
     let first = match decoded.frame().await {
@@ -207,13 +392,21 @@ async fn inline(
         }
         None => Bytes::new(),
     };
-    let mut out = Response::new(BodyExt::boxed(Prepend {
+    let stream = Prepend {
         first: Some(first),
         inner: decoded,
-    }));
-    *out.status_mut() = StatusCode::OK;
-    let content_type = HeaderValue::try_from(mime).unwrap_or(HeaderValue::from_static("video/mp4"));
+    };
+    let mut out = match span {
+        Some((first, last)) => {
+            let mut out = Response::new(BodyExt::boxed(Slice::new(stream, first, last)));
+            range::mark_partial(&mut out, first, last, len);
+            out
+        }
+        None => Response::new(BodyExt::boxed(stream)),
+    };
     out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    out.headers_mut()
+        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     Ok(out)
 }
 

@@ -10,7 +10,7 @@ use crate::gateway::Services;
 use crate::json::{self, RawObject};
 use crate::upstream;
 use crate::video::call::{self, Failure};
-use crate::video::task::{Outcome, TaskStatus, Video};
+use crate::video::task::{http_url, Outcome, TaskStatus, Video};
 
 const SUCCESS: i64 = 100_000;
 
@@ -112,7 +112,16 @@ fn outcome(upstream: &Upstream, v: &Value) -> Outcome {
     match status {
         TaskStatus::Succeeded => match data.get("url").and_then(Value::as_str) {
             Some(url) if !url.is_empty() => {
-                Outcome::succeeded(Video::Public(absolute(upstream, url)))
+                let url = absolute(upstream, url);
+                match http_url(&url) {
+                    Some(ok) => Outcome::succeeded(Video::Public(ok.to_owned())),
+                    None => {
+                        tracing::warn!(upstream = %upstream.name, "a video upstream reported a file url that is not http(s); not handed out");
+                        Outcome::failed(
+                            "the upstream reported a file url that is not an http(s) address",
+                        )
+                    }
+                }
             }
             _ => Outcome::failed("the upstream reported success without a file url"),
         },
@@ -186,6 +195,8 @@ mod tests {
             kind: crate::config::UpstreamKind::Video,
             base_url: None,
             credential: None,
+            google: None,
+            storage_uri: None,
             headers: Vec::new(),
             forward_headers: Vec::new(),
             protocol_uris: [None, None, None],
@@ -214,6 +225,12 @@ mod tests {
             &serde_json::json!({"data": {"taskStatus": "FAILED", "error": {"message": "boom"}}}),
         );
         assert_eq!(o, Outcome::failed("boom"));
+        let o = outcome(
+            &u,
+            &serde_json::json!({"data": {"taskStatus": "SUCCEEDED", "url": "javascript:alert(document.domain)"}}),
+        );
+        assert_eq!(o.status, TaskStatus::Failed);
+        assert!(o.video.is_none());
         let o = outcome(&u, &serde_json::json!({"data": {"taskStatus": "WEIRD"}}));
         assert_eq!(o.status, TaskStatus::Running);
     }

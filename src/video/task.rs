@@ -59,6 +59,14 @@ pub enum Video {
     Gateway(FileSource),
 }
 
+/// `url` when it is an absolute `http`/`https` address, the only kind handed to clients (gateway.md §14):
+/// a `javascript:` or `data:` URL from an upstream would run in whatever page shows the link.
+pub fn http_url(url: &str) -> Option<&str> {
+    let uri: http::Uri = url.parse().ok()?;
+    let scheme_ok = matches!(uri.scheme_str(), Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    (scheme_ok && uri.host().is_some_and(|h| !h.is_empty())).then_some(url)
+}
+
 /// What a lookup learned; rendered per request, since file URLs depend on the time and the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -93,6 +101,34 @@ impl Outcome {
             status,
             video: None,
             error: Some(message.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_http_urls_pass() {
+        for ok in [
+            "https://cdn.example/v.mp4",
+            "http://10.0.0.1:8080/a?b=c",
+            "HTTPS://CDN.example/x",
+        ] {
+            assert_eq!(http_url(ok), Some(ok), "{ok}");
+        }
+        for bad in [
+            "javascript:alert(1)",
+            "JavaScript://cdn.example/%0aalert(1)",
+            "data:text/html,<script>alert(1)</script>",
+            "ftp://cdn.example/v.mp4",
+            "//cdn.example/v.mp4",
+            "https://",
+            "https://cdn.example/a b",
+            "",
+        ] {
+            assert_eq!(http_url(bad), None, "{bad}");
         }
     }
 }

@@ -15,10 +15,18 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Bytes of the HMAC-SHA256 tag kept: 128 bits leave forgery at 2^-128 and save 22 characters.
 const TAG_LEN: usize = 16;
-const VERSION: u8 = 1;
+/// Version 1 ids (no client model, no key in file ids) still verify; version 2 is signed.
+const VERSION_1: u8 = 1;
+const VERSION: u8 = 2;
 /// Domain separation, so a task id is never accepted as a download id or the other way round.
 const TASK_DOMAIN: &[u8] = b"modelgate/task/1\0";
 const FILE_DOMAIN: &[u8] = b"modelgate/file/1\0";
+
+/// How a task id spells the client's model name: the upstream model's, the interface's
+/// `video-` for Veo's `veo-`, or spelled out. The first two cost one byte.
+const CLIENT_SAME: u8 = 0;
+const CLIENT_VIDEO_FOR_VEO: u8 = 1;
+const CLIENT_SPELLED: u8 = 2;
 
 /// Reference encodings: spelled out, or the text after a prefix both sides can recompute.
 const REF_FULL: u8 = 0;
@@ -32,6 +40,8 @@ pub struct TaskToken {
     pub upstream: String,
     /// The model name as the upstream knows it.
     pub model: String,
+    /// The model name the client sent (for the access log); `None` in a version 1 id.
+    pub client_model: Option<String>,
     /// The upstream's own handle: an operation name, a task id, the mock's instructions.
     pub reference: String,
 }
@@ -63,6 +73,10 @@ pub enum FileSource {
 pub struct FileToken {
     /// Seconds since the Unix epoch after which the id is refused.
     pub expires_s: u64,
+    /// The key that looked the task up and the model the client named, for the access log of
+    /// the download (which carries no key); empty in a version 1 id.
+    pub key: String,
+    pub model: String,
     pub source: FileSource,
 }
 
@@ -89,6 +103,22 @@ impl Signer {
         w.uint(task.created_ms);
         w.str(&task.upstream);
         w.str(&task.model);
+        match task.client_model.as_deref() {
+            None => w.byte(CLIENT_SAME),
+            Some(c) if c == task.model => w.byte(CLIENT_SAME),
+            Some(c)
+                if task
+                    .model
+                    .strip_prefix("veo-")
+                    .is_some_and(|rest| c.strip_prefix("video-") == Some(rest)) =>
+            {
+                w.byte(CLIENT_VIDEO_FOR_VEO);
+            }
+            Some(c) => {
+                w.byte(CLIENT_SPELLED);
+                w.str(c);
+            }
+        }
         w.reference(&task.reference, prefix);
         self.seal(TASK_DOMAIN, key_name.as_bytes(), w.0)
     }
@@ -104,17 +134,29 @@ impl Signer {
     ) -> Option<TaskToken> {
         let payload = self.open(TASK_DOMAIN, key_name.as_bytes(), id)?;
         let mut r = Reader::new(&payload);
-        if r.byte()? != VERSION {
+        let version = r.byte()?;
+        if version != VERSION && version != VERSION_1 {
             return None;
         }
         let created_ms = r.uint()?;
         let upstream = r.str()?.to_owned();
         let model = r.str()?.to_owned();
+        let client_model = if version == VERSION_1 {
+            None
+        } else {
+            Some(match r.byte()? {
+                CLIENT_SAME => model.clone(),
+                CLIENT_VIDEO_FOR_VEO => format!("video-{}", model.strip_prefix("veo-")?),
+                CLIENT_SPELLED => r.str()?.to_owned(),
+                _ => return None,
+            })
+        };
         let reference = r.reference(prefix_of(&upstream, &model).as_deref())?;
         Some(TaskToken {
             created_ms,
             upstream,
             model,
+            client_model,
             reference,
         })
     }
@@ -124,6 +166,8 @@ impl Signer {
         let mut w = Writer::default();
         w.byte(VERSION);
         w.uint(file.expires_s);
+        w.str(&file.key);
+        w.str(&file.model);
         match &file.source {
             FileSource::Mock => w.byte(0),
             FileSource::Gcs {
@@ -165,10 +209,16 @@ impl Signer {
     ) -> Option<FileToken> {
         let payload = self.open(FILE_DOMAIN, b"", id)?;
         let mut r = Reader::new(&payload);
-        if r.byte()? != VERSION {
+        let version = r.byte()?;
+        if version != VERSION && version != VERSION_1 {
             return None;
         }
         let expires_s = r.uint()?;
+        let (key, model) = if version == VERSION_1 {
+            (String::new(), String::new())
+        } else {
+            (r.str()?.to_owned(), r.str()?.to_owned())
+        };
         let source = match r.byte()? {
             0 => FileSource::Mock,
             1 => FileSource::Gcs {
@@ -195,7 +245,12 @@ impl Signer {
             _ => return None,
         };
         r.end()?;
-        Some(FileToken { expires_s, source })
+        Some(FileToken {
+            expires_s,
+            key,
+            model,
+            source,
+        })
     }
 
     fn mac(secret: &[u8], domain: &[u8], bound: &[u8], payload: &[u8]) -> Option<HmacSha256> {

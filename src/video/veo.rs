@@ -13,7 +13,7 @@ use crate::upstream;
 use crate::video::call::{self, Failure};
 use crate::video::inline;
 use crate::video::request::{Image, VideoRequest};
-use crate::video::task::{Outcome, TaskStatus, Video};
+use crate::video::task::{http_url, Outcome, TaskStatus, Video};
 use crate::video::token::FileSource;
 
 /// gRPC's CANCELLED: the operation was cancelled, not failed (§E.5).
@@ -56,6 +56,9 @@ struct Parameters<'a> {
     negative_prompt: Option<&'a str>,
     /// The interface returns one `url`, so one sample is asked for.
     sample_count: u8,
+    /// Vertex only: results go to Cloud Storage and come back as small `gcsUri`s (§E.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage_uri: Option<&'a str>,
 }
 
 fn veo_image(i: &Image) -> VeoImage<'_> {
@@ -66,7 +69,11 @@ fn veo_image(i: &Image) -> VeoImage<'_> {
 }
 
 /// The `predictLongRunning` body for `kind` (§E.4), or a 400 when the request cannot be served there.
-pub fn body(kind: UpstreamKind, req: &VideoRequest) -> Result<Bytes, GatewayError> {
+pub fn body(
+    kind: UpstreamKind,
+    req: &VideoRequest,
+    storage_uri: Option<&str>,
+) -> Result<Bytes, GatewayError> {
     let generate_audio = if kind == UpstreamKind::VeoGemini {
         // Veo 3 on the Gemini API always makes sound and refuses the switch, so only `true` can be honoured.
         if !req.generate_audio {
@@ -94,6 +101,8 @@ pub fn body(kind: UpstreamKind, req: &VideoRequest) -> Result<Bytes, GatewayErro
             person_generation: req.person_generation,
             negative_prompt: req.negative_prompt.as_deref(),
             sample_count: 1,
+            // The Gemini API refuses the field; validation allows it only on Vertex.
+            storage_uri: storage_uri.filter(|_| kind == UpstreamKind::VeoVertex),
         },
     };
     serde_json::to_vec(&body).map(Bytes::from).map_err(|e| {
@@ -128,15 +137,17 @@ pub async fn create(
     upstream: &Upstream,
     model: &str,
     req: &VideoRequest,
+    storage_uri: Option<&str>,
     request_id: &HeaderValue,
 ) -> Result<String, Failure> {
-    let body = body(upstream.kind, req)?;
+    let body = body(upstream.kind, req, storage_uri)?;
     let suffix = match upstream.kind {
         UpstreamKind::VeoGemini => format!("/models/{model}:predictLongRunning"),
         _ => format!("/{model}:predictLongRunning"),
     };
     let uri = join(upstream, &suffix)?;
-    let req = upstream::build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
+    let mut req = upstream::build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
+    call::authorize(gw, upstream, &mut req).await?;
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
     let bytes = call::read(gw, upstream, body).await?;
@@ -175,13 +186,14 @@ fn join(upstream: &Upstream, suffix: &str) -> Result<http::Uri, Failure> {
 }
 
 /// The request that reads an operation: Vertex `POST …/{model}:fetchPredictOperation`, Gemini `GET …/{name}`.
-pub fn poll_request(
+pub async fn poll_request(
+    gw: &Services,
     upstream: &Upstream,
     model: &str,
     operation: &str,
     request_id: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, Failure> {
-    let req = match upstream.kind {
+    let mut req = match upstream.kind {
         UpstreamKind::VeoGemini => {
             let uri = join(upstream, &format!("/{operation}"))?;
             upstream::build_call(upstream, Method::GET, uri, request_id, None, true)?
@@ -199,6 +211,7 @@ pub fn poll_request(
             )?
         }
     };
+    call::authorize(gw, upstream, &mut req).await?;
     Ok(req)
 }
 
@@ -210,7 +223,7 @@ pub async fn poll(
     operation: &str,
     request_id: &HeaderValue,
 ) -> Result<Outcome, Failure> {
-    let req = poll_request(upstream, model, operation, request_id)?;
+    let req = poll_request(gw, upstream, model, operation, request_id).await?;
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
     if !parts.status.is_success() {
@@ -219,7 +232,7 @@ pub async fn poll(
             // An operation Google no longer knows (expired, or never was) ends the task (§E.5).
             return Ok(Outcome::failed(format!(
                 "the upstream no longer knows this operation: {}",
-                call::detail(&bytes)
+                call::safe_detail(upstream, &bytes)
             )));
         }
         return Err(call::upstream_error(
@@ -344,9 +357,7 @@ fn locate(upstream: &Upstream, model: &str, operation: &str, video: &Value) -> O
             })
         });
     }
-    if !(uri.starts_with("https://") || uri.starts_with("http://")) {
-        return None;
-    }
+    let uri = http_url(uri)?;
     Some(match upstream.kind {
         // A Gemini file URI needs the API key, which must never reach the client (§E.3).
         UpstreamKind::VeoGemini => Video::Gateway(FileSource::Remote {

@@ -12,6 +12,7 @@ fn task() -> TaskToken {
         created_ms: 1_767_225_600_123,
         upstream: "veo".into(),
         model: "veo-3.1-generate-001".into(),
+        client_model: Some("video-3.1-generate-001".into()),
         reference:
             "projects/p/locations/l/publishers/google/models/veo-3.1-generate-001/operations/1234"
                 .into(),
@@ -129,6 +130,8 @@ fn file_ids_round_trip_and_are_not_task_ids() {
     for source in sources {
         let f = FileToken {
             expires_s: 1_800_000_000,
+            key: "alice".into(),
+            model: "video-3.1-generate-001".into(),
             source,
         };
         let id = s.sign_file(&f, Some(PREFIX));
@@ -152,4 +155,36 @@ fn varints_cover_the_whole_range() {
     // Eleven continuation bytes overflow a u64: refused, not wrapped.
     let mut r = Reader::new(&[0xff; 11]);
     assert_eq!(r.uint(), None);
+}
+
+#[test]
+fn client_model_names_cost_a_byte_unless_they_differ() {
+    let s = signer(&["one"]);
+    for client in ["video-3.1-generate-001", "veo-3.1-generate-001", "my-video"] {
+        let mut t = task();
+        t.client_model = Some(client.into());
+        let id = s.sign_task("alice", &t, Some(PREFIX));
+        assert_eq!(s.verify_task("alice", &id, prefix), Some(t));
+    }
+}
+
+#[test]
+fn version_1_ids_still_verify() {
+    let s = signer(&["one"]);
+    let mut w = Writer::default();
+    w.byte(VERSION_1);
+    w.uint(5);
+    w.str("veo");
+    w.str("m");
+    w.reference("op/1", None);
+    let id = s.seal(TASK_DOMAIN, b"alice", w.0);
+    let t = s.verify_task("alice", &id, |_, _| None).unwrap();
+    assert_eq!((t.client_model, t.reference.as_str()), (None, "op/1"));
+    let mut w = Writer::default();
+    w.byte(VERSION_1);
+    w.uint(7);
+    w.byte(0);
+    let id = s.seal(FILE_DOMAIN, b"", w.0);
+    let f = s.verify_file(&id, |_, _| None).unwrap();
+    assert_eq!((f.key.as_str(), f.source), ("", FileSource::Mock));
 }

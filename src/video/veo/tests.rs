@@ -51,22 +51,39 @@ fn request(audio: bool) -> VideoRequest {
 #[test]
 fn vertex_body_maps_every_field() {
     let b: Value =
-        serde_json::from_slice(&body(UpstreamKind::VeoVertex, &request(false)).unwrap()).unwrap();
+        serde_json::from_slice(&body(UpstreamKind::VeoVertex, &request(false), None).unwrap())
+            .unwrap();
     assert_eq!(
         b,
         json!({"instances": [{"prompt": "a fox", "image": {"bytesBase64Encoded": "iVBORw0KGgo=", "mimeType": "image/png"}}],
                "parameters": {"aspectRatio": "9:16", "durationSeconds": 6, "resolution": "1080p", "generateAudio": false,
                               "personGeneration": "dont_allow", "negativePrompt": "blur", "sampleCount": 1}})
     );
+    let b: Value = serde_json::from_slice(
+        &body(
+            UpstreamKind::VeoVertex,
+            &request(false),
+            Some("gs://bucket/out/"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(b["parameters"]["storageUri"], "gs://bucket/out/");
 }
 
 #[test]
 fn gemini_body_leaves_out_generate_audio_and_refuses_false() {
-    let b: Value =
-        serde_json::from_slice(&body(UpstreamKind::VeoGemini, &request(true)).unwrap()).unwrap();
+    let b: Value = serde_json::from_slice(
+        &body(UpstreamKind::VeoGemini, &request(true), Some("gs://b/")).unwrap(),
+    )
+    .unwrap();
     assert!(b["parameters"].get("generateAudio").is_none());
+    assert!(
+        b["parameters"].get("storageUri").is_none(),
+        "refused by the Gemini API"
+    );
     assert_eq!(b["parameters"]["sampleCount"], 1);
-    let e = body(UpstreamKind::VeoGemini, &request(false)).unwrap_err();
+    let e = body(UpstreamKind::VeoGemini, &request(false), None).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("parameters.generate_audio"));
 }
 
