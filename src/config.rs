@@ -42,6 +42,16 @@ impl ThinkingStyle {
     }
 }
 
+/// What a translated request does with a hosted tool its target cannot run (gateway.md §13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HostedTools {
+    /// Left out of the upstream request and named in `x-modelgate-dropped`.
+    #[default]
+    Drop,
+    /// A 400 naming the tool.
+    Refuse,
+}
+
 /// A secret header value; never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(HeaderValue);
@@ -142,6 +152,8 @@ pub struct Target {
     pub thinking: ThinkingStyle,
     /// The model's `default_max_tokens` unless the target says otherwise.
     pub default_max_tokens: Option<u32>,
+    /// The model's `hosted_tools`: each target reads it when its request is translated.
+    pub hosted_tools: HostedTools,
 }
 
 impl Target {
@@ -262,6 +274,7 @@ pub struct Model {
     pub vision: bool,
     pub thinking: ThinkingStyle,
     pub default_max_tokens: Option<u32>,
+    pub hosted_tools: HostedTools,
 }
 
 impl Model {
