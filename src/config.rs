@@ -20,15 +20,18 @@ pub enum ThinkingStyle {
     EnableThinking,
     ThinkingType,
     Anthropic,
+    /// OpenAI's own: `reasoning_effort` on chat, `reasoning.effort` on responses.
+    OpenAi,
 }
 
 impl ThinkingStyle {
-    const ALL: [ThinkingStyle; 5] = [
+    const ALL: [ThinkingStyle; 6] = [
         Self::None,
         Self::ChatTemplateKwargs,
         Self::EnableThinking,
         Self::ThinkingType,
         Self::Anthropic,
+        Self::OpenAi,
     ];
 
     pub fn name(self) -> &'static str {
@@ -38,6 +41,7 @@ impl ThinkingStyle {
             Self::EnableThinking => "enable_thinking",
             Self::ThinkingType => "thinking_type",
             Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
         }
     }
 }
