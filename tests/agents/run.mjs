@@ -98,14 +98,12 @@ function cleanEnv(extra) {
   return { ...env, NO_COLOR: "1", ...extra };
 }
 
-async function claudeCode(gw, upstream) {
-  const tok = token();
+function claude(gw, prompt, extra = []) {
   const home = fs.mkdtempSync(path.join(scratch, "claude-home-"));
   const cwd = fs.mkdtempSync(path.join(scratch, "claude-cwd-"));
-  const r = await run(
+  return run(
     nodeBin("claude"),
-    ["-p", `Run the check command for ${tok} with the Bash tool and report.`, "--model", "claude-sonnet-4-5",
-      "--allowedTools", "Bash", "--max-turns", "4", "--output-format", "text"],
+    ["-p", prompt, "--model", "claude-sonnet-4-5", ...extra],
     {
       cwd,
       env: cleanEnv({
@@ -120,17 +118,38 @@ async function claudeCode(gw, upstream) {
       }),
     },
   );
+}
+
+async function claudeCode(gw, upstream) {
+  const tok = token();
+  const r = await claude(gw, `Run the check command for ${tok} with the Bash tool and report.`,
+    ["--allowedTools", "Bash", "--max-turns", "4", "--output-format", "text"]);
   return verdict(r, tok, upstream, "Bash", `mg-42-${tok}`);
 }
 
-async function codex(gw, upstream) {
+/// `/context` counts its context with `POST /v1/messages/count_tokens`: forwarded to a messages
+/// upstream (whose scripted answer is 99 a call), estimated by the gateway for the others.
+async function claudeContext(gw, upstream) {
+  const r = await claude(gw, "/context");
+  if (r.code !== 0) return { ok: false, why: `exit ${r.code}`, r };
+  if (!r.out.includes("## Context Usage") || !/\| Messages \| [0-9.]+k? \|/.test(r.out)) {
+    return { ok: false, why: "no context table with a message count", r };
+  }
+  const forwarded = upstream.requests.some((q) => q.path.endsWith("/messages/count_tokens"));
+  if (gw.kind === "messages" && !forwarded) return { ok: false, why: "count_tokens never reached the messages upstream", r };
+  return { ok: true };
+}
+
+/// `model`: gpt-5.5 makes Codex declare apply_patch (a custom tool with a grammar), tool_search
+/// and web_search; gpt-5.2-codex, a namespace of sub-agent tools and exec_command instead.
+async function codex(gw, upstream, model = "gpt-5.5") {
   const tok = token();
   const home = fs.mkdtempSync(path.join(scratch, "codex-home-"));
   const cwd = fs.mkdtempSync(path.join(scratch, "codex-cwd-"));
   // Codex's defaults plus one provider: the gateway, spoken to over the Responses API.
   fs.writeFileSync(
     path.join(home, "config.toml"),
-    `model = "gpt-5.5"
+    `model = "${model}"
 model_provider = "modelgate"
 
 [model_providers.modelgate]
@@ -143,9 +162,10 @@ env_key = "MODELGATE_KEY"
   const r = await run(
     nodeBin("codex"),
     ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-C", cwd,
-      `Create the check file for ${tok} with apply_patch.`],
+      `Create the check file for ${tok}.`],
     { cwd, env: cleanEnv({ HOME: home, CODEX_HOME: home, MODELGATE_KEY: KEY }) },
   );
+  if (model !== "gpt-5.5") return verdict(r, tok, upstream, "exec_command", `mg-42-${tok}`);
   const v = verdict(r, tok, upstream, "apply_patch", null);
   const file = path.join(cwd, `mg-${tok}.txt`);
   const written = fs.existsSync(file) ? fs.readFileSync(file, "utf8") : null;
@@ -184,8 +204,13 @@ const cases = [];
 for (const kind of ["chat", "responses", "messages"]) {
   cases.push([`claude-code via ${kind} upstream`, () => claudeCode(gateways[kind], upstream)]);
 }
+for (const kind of ["chat", "messages"]) {
+  cases.push([`claude-code /context via ${kind} upstream`, () => claudeContext(gateways[kind], upstream)]);
+}
 for (const kind of ["chat", "responses"]) {
   cases.push([`codex via ${kind} upstream`, () => codex(gateways[kind], upstream)]);
+  cases.push([`codex gpt-5.2-codex (namespace tools) via ${kind} upstream`,
+    () => codex(gateways[kind], upstream, "gpt-5.2-codex")]);
 }
 for (const provider of ["anthropic", "openai-chat", "openai-responses"]) {
   for (const kind of ["chat", "messages", "responses"]) {

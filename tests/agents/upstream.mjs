@@ -16,12 +16,15 @@ export function toolCall(name, tok) {
       return { input: `*** Begin Patch\n*** Add File: mg-${tok}.txt\n+mg-42-${tok}\n*** End Patch\n` };
     case "compute":
       return { args: { a: 40, b: 2 } };
+    case "exec_command":
+      return { args: { cmd: `echo mg-$((40+2))-${tok}` } };
     default:
       return null;
   }
 }
 
-const CASE_TOOLS = ["Bash", "apply_patch", "compute"];
+// In this order: Codex declares both apply_patch and exec_command where its model has the former.
+const CASE_TOOLS = ["Bash", "apply_patch", "compute", "exec_command"];
 
 function declaredTools(proto, body) {
   const out = new Map();
