@@ -465,7 +465,11 @@ async fn count_tokens(
             &ctx.fate,
         ));
     }
-    let tokens = crate::count_tokens::count(&decoded.ir);
+    // Off the async workers: a long prompt is milliseconds of CPU, and the first count loads
+    // the vocabulary.
+    let tokens = tokio::task::spawn_blocking(move || crate::count_tokens::count(&decoded.ir))
+        .await
+        .map_err(|e| GatewayError::new(ErrorKind::Internal, format!("counting tokens: {e}")))?;
     let mut resp = Response::new(body::full(
         serde_json::json!({ "input_tokens": tokens }).to_string(),
     ));
