@@ -398,6 +398,23 @@ async fn claude_code_s_tools_and_thinking_reach_chat_and_responses_upstreams() {
 }
 
 #[tokio::test]
+async fn a_responses_client_s_reasoning_is_dropped_toward_a_messages_model_without_thinking() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(200, json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "up-messages",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    })
+    .await;
+    let gw = TestGateway::start(&agents_config(&up.url(), "")).await;
+    let body = json!({"model": "on-messages", "input": "hi", "reasoning": {"effort": "high", "summary": "auto"}});
+    let (status, _, reply) = post_json(&gw.base("/v1/responses"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    let sent = up.last().json();
+    assert!(sent.get("thinking").is_none(), "{sent}");
+    assert_eq!(reply["output"][0]["content"][0]["text"], "ok");
+}
+
+#[tokio::test]
 async fn thinking_goes_up_in_the_configured_form_only() {
     let up = FakeUpstream::start(|_| {
         Reply::json(200, json!({"id": "c", "object": "chat.completion", "created": 1, "model": "up-chat",
