@@ -376,14 +376,20 @@ impl StreamEncoder {
             return;
         };
         let item_id = item_id.clone();
-        if let Some(item) = self
+        let Some(item) = self
             .output
             .get_mut(output_index)
             .filter(|i| i["type"] == "function_call")
-        {
-            let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
-            item["arguments"] = json!(joined);
-        }
+        else {
+            // A custom or shell call was written whole; it has no argument events to extend.
+            tracing::debug!(
+                tool,
+                "argument fragment after a custom or shell call closed; dropped"
+            );
+            return;
+        };
+        let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
+        item["arguments"] = json!(joined);
         tracing::debug!(tool, "argument fragment after its item closed");
         self.emit(
             out,
