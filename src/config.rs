@@ -20,15 +20,18 @@ pub enum ThinkingStyle {
     EnableThinking,
     ThinkingType,
     Anthropic,
+    /// OpenAI's own: `reasoning_effort` on chat, `reasoning.effort` on responses.
+    OpenAi,
 }
 
 impl ThinkingStyle {
-    const ALL: [ThinkingStyle; 5] = [
+    const ALL: [ThinkingStyle; 6] = [
         Self::None,
         Self::ChatTemplateKwargs,
         Self::EnableThinking,
         Self::ThinkingType,
         Self::Anthropic,
+        Self::OpenAi,
     ];
 
     pub fn name(self) -> &'static str {
@@ -38,8 +41,19 @@ impl ThinkingStyle {
             Self::EnableThinking => "enable_thinking",
             Self::ThinkingType => "thinking_type",
             Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
         }
     }
+}
+
+/// What a translated request does with a hosted tool its target cannot run (gateway.md §13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HostedTools {
+    /// Left out of the upstream request and named in `x-modelgate-dropped`.
+    #[default]
+    Drop,
+    /// A 400 naming the tool.
+    Refuse,
 }
 
 /// A secret header value; never printed.
@@ -155,6 +169,8 @@ pub struct Target {
     pub thinking: ThinkingStyle,
     /// The model's `default_max_tokens` unless the target says otherwise.
     pub default_max_tokens: Option<u32>,
+    /// The model's `hosted_tools`: each target reads it when its request is translated.
+    pub hosted_tools: HostedTools,
 }
 
 impl Target {
@@ -277,6 +293,7 @@ pub struct Model {
     pub default_max_tokens: Option<u32>,
     /// `veo-vertex`: where results are written (`storageUri`); the upstream's when unset.
     pub storage_uri: Option<String>,
+    pub hosted_tools: HostedTools,
 }
 
 impl Model {

@@ -34,6 +34,7 @@ pub mod bench;
 pub mod body;
 pub mod boxed;
 pub mod config;
+pub mod count_tokens;
 pub mod domain;
 pub mod error;
 pub mod gateway;

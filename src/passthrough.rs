@@ -96,6 +96,11 @@ fn write_thinking(obj: &mut RawObject<'_>, target: &Target, on: bool, max_tokens
             };
             obj.set("thinking", value);
         }
+        ThinkingStyle::OpenAi => {
+            if on && !obj.contains("reasoning_effort") {
+                obj.set("reasoning_effort", raw_literal(r#""medium""#));
+            }
+        }
         ThinkingStyle::None => {}
     }
     if let Some(text) = kwargs {

@@ -125,6 +125,8 @@ impl Ctx {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Endpoint {
     Llm(Protocol),
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
     Models,
     Health,
     Ready,
@@ -140,7 +142,7 @@ impl Endpoint {
     /// The one method the endpoint takes, or `None` when its module checks methods itself.
     fn method(self) -> Option<(Method, &'static str)> {
         match self {
-            Self::Llm(_) | Self::Mock(_) => Some((Method::POST, "POST")),
+            Self::Llm(_) | Self::Mock(_) | Self::CountTokens => Some((Method::POST, "POST")),
             Self::Video => None,
             _ => Some((Method::GET, "GET")),
         }
@@ -148,7 +150,7 @@ impl Endpoint {
 
     fn shape(self) -> ErrorShape {
         match self {
-            Self::Llm(Protocol::Messages) => ErrorShape::Anthropic,
+            Self::Llm(Protocol::Messages) | Self::CountTokens => ErrorShape::Anthropic,
             Self::Llm(_) | Self::Models => ErrorShape::OpenAi,
             Self::Health | Self::Ready | Self::Metrics => ErrorShape::Text,
             Self::Mock(Protocol::Messages) => ErrorShape::Anthropic,
@@ -173,6 +175,7 @@ fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
         }
         (Address::Base, "/v1/messages") => Some(Endpoint::Llm(Protocol::Messages)),
         (Address::Base, "/v1/responses") => Some(Endpoint::Llm(Protocol::Responses)),
+        (Address::Base, "/v1/messages/count_tokens") => Some(Endpoint::CountTokens),
         (Address::Base | Address::TokenPlan, "/v1/models") => Some(Endpoint::Models),
         (Address::Admin, "/healthz") => Some(Endpoint::Health),
         (Address::Admin, "/readyz") => Some(Endpoint::Ready),
@@ -190,6 +193,7 @@ static X_MODELGATE_UPSTREAM: http::HeaderName =
     http::HeaderName::from_static("x-modelgate-upstream");
 static X_MODELGATE_ATTEMPTS: http::HeaderName =
     http::HeaderName::from_static("x-modelgate-attempts");
+static X_MODELGATE_DROPPED: http::HeaderName = http::HeaderName::from_static("x-modelgate-dropped");
 
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
@@ -221,7 +225,13 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         fate: Fate::default(),
     };
     let ep = endpoint(address, &path);
-    let shape = ep.map_or(address_shape(address), Endpoint::shape);
+    // Anthropic clients read every error under their path in their own shape, a 404 included.
+    let shape = match ep {
+        None if address == Address::Base && path.starts_with("/v1/messages/") => {
+            ErrorShape::Anthropic
+        }
+        _ => ep.map_or(address_shape(address), Endpoint::shape),
+    };
     let result = match ep {
         None => Err(GatewayError::new(
             ErrorKind::NotFound,
@@ -294,6 +304,10 @@ async fn dispatch(
         Endpoint::Llm(protocol) => {
             ctx.protocol = protocol.name();
             llm(gw, rt, address, protocol, req, ctx).await
+        }
+        Endpoint::CountTokens => {
+            ctx.protocol = Protocol::Messages.name();
+            count_tokens(gw, rt, address, req, ctx).await
         }
         Endpoint::Models => {
             let principal = rt.keys.authenticate(req.headers(), address, false)?;
@@ -388,6 +402,107 @@ async fn admit(
             Err(refusal.error)
         }
     }
+}
+
+/// `POST /v1/messages/count_tokens`: forwarded to the model's first target when it speaks
+/// messages, else estimated here (`x-modelgate-estimate: true`). It costs a request of the key's
+/// rate, never tokens.
+async fn count_tokens(
+    gw: &Gateway,
+    rt: &Routing,
+    address: Address,
+    req: Request<Incoming>,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    let principal = rt.keys.authenticate(req.headers(), address, true)?;
+    ctx.key = Some(principal.clone());
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
+    let obj = crate::validate::request_object(&bytes)?;
+    let client_model = validate::model_name(&obj)?.into_owned();
+    ctx.client_model = Some(client_model.clone());
+    principal.check_model(&client_model, address)?;
+    let model = rt.models.resolve(&client_model, address)?.clone();
+    ctx.model = Some(model.clone());
+    route::check_endpoint(&model, &client_model, Protocol::Messages)?;
+    let target = model.primary();
+    let protocol = target.protocol().ok_or_else(|| {
+        GatewayError::invalid(
+            "model",
+            format!("the model {client_model:?} is a video model; use the video address"),
+        )
+    })?;
+    // Checked as a messages request whatever happens next: bad input never reaches an upstream.
+    let decoded = crate::count_tokens::decode(&bytes, &client_model)?;
+    let limits = KeyLimits {
+        rpm: principal.limits.rpm,
+        ..KeyLimits::default()
+    };
+    let _hold = admit(gw, &principal, limits, ctx).await?;
+    let messages_uri = target.upstream.uri_for(Protocol::Messages);
+    if let (Protocol::Messages, Some(uri), false) = (
+        protocol,
+        messages_uri,
+        target.upstream.kind == UpstreamKind::Mock,
+    ) {
+        let uri = crate::count_tokens::upstream_uri(uri).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                "the count_tokens URL could not be built",
+            )
+        })?;
+        let name = target.model_name(&client_model);
+        let body =
+            crate::passthrough::rename_model(&bytes, obj, (name != client_model).then_some(name));
+        let req =
+            upstream::build_request(&target.upstream, uri, &parts.headers, &ctx.request_id, body)?;
+        ctx.attempts = 1;
+        ctx.upstream = Some(target.upstream.name.clone());
+        let started = Instant::now();
+        let resp = gw.services.client.send(&target.upstream, req).await;
+        let outcome = match &resp {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(_) => "error".to_owned(),
+        };
+        ctx.log_attempt(
+            &gw.services.metrics,
+            &target.upstream.name,
+            outcome,
+            started.elapsed(),
+        );
+        // The same rules as any upstream answer (§14): no redirect, no 401/403 passed on as the
+        // client's, the credential never quoted back.
+        let resp = upstream::check_answer(
+            &target.upstream,
+            resp?,
+            false,
+            gw.services.limits.max_reply_bytes,
+        )?;
+        let resp = redact_errors(resp, &target.upstream, gw.services.limits.max_reply_bytes);
+        return Ok(wrap_response(
+            resp,
+            gw.services.limits,
+            StreamGuard::None,
+            &ctx.fate,
+        ));
+    }
+    // Off the async workers: a long prompt is milliseconds of CPU, and the first count loads
+    // the vocabulary.
+    let tokens = tokio::task::spawn_blocking(move || crate::count_tokens::count(&decoded.ir))
+        .await
+        .map_err(|e| GatewayError::new(ErrorKind::Internal, format!("counting tokens: {e}")))?;
+    let mut resp = Response::new(body::full(
+        serde_json::json!({ "input_tokens": tokens }).to_string(),
+    ));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        http::HeaderName::from_static("x-modelgate-estimate"),
+        HeaderValue::from_static("true"),
+    );
+    Ok(resp)
 }
 
 /// `POST /v1/chat/completions`, `/v1/messages`, `/v1/responses`.
@@ -727,6 +842,22 @@ async fn send(
     let resp = gw.services.client.send(upstream, req).await?;
     let resp = upstream::check_answer(upstream, resp, stream, gw.services.limits.max_reply_bytes)?;
     if !resp.status().is_success() {
+        tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
+    }
+    Ok(redact_errors(
+        resp,
+        upstream,
+        gw.services.limits.max_reply_bytes,
+    ))
+}
+
+/// Boxes an upstream answer; an error body has the upstream's credential replaced if it quotes it.
+fn redact_errors(
+    resp: Response<Incoming>,
+    upstream: &crate::config::Upstream,
+    max: u64,
+) -> Response<Body> {
+    if !resp.status().is_success() {
         // Too short a credential would redact ordinary words; real keys are far longer.
         if let Some(secret) = upstream
             .credential
@@ -735,14 +866,10 @@ async fn send(
             .filter(|k| k.len() >= 8)
         {
             let secret = Bytes::copy_from_slice(secret);
-            let max = gw.services.limits.max_reply_bytes;
-            return Ok(resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max))));
+            return resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max)));
         }
     }
-    if !resp.status().is_success() {
-        tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");
-    }
-    Ok(resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) }))))
+    resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) })))
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {
@@ -794,6 +921,13 @@ async fn translated_response(
     let mut headers = upstream::response_headers(&parts.headers);
     headers.remove(header::CONTENT_TYPE);
     headers.remove(header::CONTENT_ENCODING);
+    if !t.dropped.is_empty() {
+        let names = t.dropped.join(", ");
+        tracing::info!(dropped = %names, "hosted tools left out of the translated request");
+        if let Ok(v) = HeaderValue::try_from(names) {
+            headers.insert(X_MODELGATE_DROPPED.clone(), v);
+        }
+    }
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338).
     let upstream_body =

@@ -134,8 +134,8 @@ impl<'b> Plan<'b> {
         let decoded = self
             .decoded
             .get_or_insert_with(|| Decoded::new(client, bytes, client_model))
-            .as_ref()
-            .map_err(Clone::clone)?;
+            .as_mut()
+            .map_err(|e| e.clone())?;
         let (body, translation) = decoded.encode(protocol, target, name)?;
         Ok(Encoded {
             protocol,

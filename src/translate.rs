@@ -5,6 +5,7 @@ pub mod common;
 pub mod lax;
 pub mod messages;
 pub mod responses;
+pub mod tools;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +20,7 @@ use pin_project_lite::pin_project;
 use serde_json::Value;
 
 use crate::body::BoxError;
-use crate::config::{Protocol, Target};
+use crate::config::{HostedTools, Protocol, Target, ThinkingStyle};
 use crate::error::GatewayError;
 use crate::ir::{self, Event};
 use crate::sse::{SseDecoder, SseEvent};
@@ -37,6 +38,8 @@ pub struct Translation {
     pub stream: bool,
     client_ctx: ClientContext,
     upstream_ctx: UpstreamContext,
+    /// Hosted tools the client declared that were left out of the upstream request (their `type`s).
+    pub dropped: Vec<String>,
 }
 
 /// What a client protocol's replies need from the request they answer.
@@ -60,8 +63,17 @@ impl ClientContext {
     fn default_for(client: Protocol) -> Self {
         match client {
             Protocol::Chat => Self::Chat(chat::ClientContext::default()),
-            Protocol::Messages => Self::Messages(messages::ClientContext),
+            Protocol::Messages => Self::Messages(messages::ClientContext::default()),
             Protocol::Responses => Self::Responses(responses::ClientContext::default()),
+        }
+    }
+
+    /// The hosted tools the client declared (chat has none: its tools are functions only).
+    fn hosted(&self) -> &[tools::HostedTool] {
+        match self {
+            Self::Chat(_) => &[],
+            Self::Messages(c) => &c.hosted,
+            Self::Responses(c) => &c.hosted,
         }
     }
 }
@@ -186,13 +198,39 @@ impl Decoded {
 
     /// The upstream body for `target` (speaking `upstream`) and the reply side of the translation.
     pub fn encode(
-        &self,
+        &mut self,
         upstream: Protocol,
         target: &Target,
         upstream_model: &str,
     ) -> Result<(Bytes, Translation), GatewayError> {
         Capabilities::of(upstream).check(&self.ir, self.client, upstream)?;
-        let (body, upstream_ctx) = encode_request(upstream, &self.ir, upstream_model, target)?;
+        let hosted = self.context.hosted();
+        if let (Some(h), HostedTools::Refuse) = (hosted.first(), target.hosted_tools) {
+            return Err(GatewayError::invalid(
+                &h.param,
+                format!(
+                    "`{}` is a hosted tool ({:?}) that only its own provider runs; this model's upstream speaks {} and the model refuses such tools (hosted_tools = \"refuse\"): remove it",
+                    h.param,
+                    h.kind,
+                    upstream.name()
+                ),
+            ));
+        }
+        let dropped: Vec<String> = hosted.iter().map(|h| h.kind.clone()).collect();
+        // Messages and responses clients (agents) send thinking by default; a model configured
+        // without any thinking form gets none of it rather than a parameter it may refuse.
+        // A chat client's switch was already judged by chat's own rules (gateway.md §6).
+        let drop_thinking = target.thinking == ThinkingStyle::None && self.client != Protocol::Chat;
+        let thinking = if drop_thinking {
+            self.ir.thinking.take()
+        } else {
+            None
+        };
+        let encoded = encode_request(upstream, &self.ir, upstream_model, target);
+        if thinking.is_some() {
+            self.ir.thinking = thinking;
+        }
+        let (body, upstream_ctx) = encoded?;
         let t = Translation {
             client: self.client,
             upstream,
@@ -200,6 +238,7 @@ impl Decoded {
             stream: self.ir.stream,
             client_ctx: self.context.clone(),
             upstream_ctx,
+            dropped,
         };
         Ok((Bytes::from(body), t))
     }
@@ -244,6 +283,14 @@ impl Translation {
             stream: false,
             client_ctx,
             upstream_ctx: UpstreamContext::default_for(protocol),
+            dropped: Vec::new(),
+        }
+    }
+
+    fn client_tools(&self) -> Arc<tools::ToolMap> {
+        match &self.client_ctx {
+            ClientContext::Responses(c) => Arc::clone(&c.tools),
+            _ => Arc::default(),
         }
     }
 
@@ -260,7 +307,7 @@ impl Translation {
 
     /// A responses reply for `r`, echoing the request this translation came from.
     pub fn responses_reply(&self, r: &ir::Response) -> Value {
-        responses::ir_to_response(r, &self.client_model, &self.echo())
+        responses::ir_to_response(r, &self.client_model, &self.echo(), &self.client_tools())
     }
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
@@ -313,9 +360,12 @@ impl Translation {
                 match self.client {
                     Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
                     Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
-                    Protocol::Responses => {
-                        responses::ir_to_response(&r, &self.client_model, &self.echo())
-                    }
+                    Protocol::Responses => responses::ir_to_response(
+                        &r,
+                        &self.client_model,
+                        &self.echo(),
+                        &self.client_tools(),
+                    ),
                 },
             ),
             Err(info) => (StatusCode::BAD_GATEWAY, error_body(self.client, &info)),
@@ -342,7 +392,7 @@ impl Translation {
                 StreamEncoder::Messages(messages::StreamEncoder::new(&self.client_model))
             }
             Protocol::Responses => StreamEncoder::Responses(Box::new(
-                responses::StreamEncoder::new(&self.client_model, self.echo()),
+                responses::StreamEncoder::new(&self.client_model, self.echo(), self.client_tools()),
             )),
         }
     }

@@ -573,7 +573,7 @@ fn decoders_name_the_wrong_field() {
             Protocol::Responses,
             r#"{"input": "hi", "tools": [{"name": "x"}]}"#,
             "tools[0].type",
-            "`tools[0].type` cannot be translated for this model's upstream: \"?\" tools exist only on OpenAI",
+            "unknown tool type \"?\"; allowed: function, custom, namespace, local_shell, or a hosted tool (web_search, file_search, code_interpreter, image_generation, computer_use_preview, tool_search, mcp)",
         ),
     ];
     for (protocol, body, param, message) in cases {

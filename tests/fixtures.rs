@@ -129,7 +129,7 @@ fn case_config(upstream_url: &str, upstream: Protocol) -> String {
     let thinking = match upstream {
         Protocol::Messages => "thinking = \"anthropic\"",
         Protocol::Chat => "thinking = \"chat_template_kwargs\"",
-        Protocol::Responses => "",
+        Protocol::Responses => "thinking = \"openai\"",
     };
     config(
         upstream_url,

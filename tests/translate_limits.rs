@@ -36,11 +36,15 @@ base_url = "{UPSTREAM}/v1"
 name = "to-chat"
 upstream = "c"
 vision = true
+# Hosted tools are dropped by default (tests/agent_tools.rs); here they are refused.
+hosted_tools = "refuse"
 
 [[models]]
 name = "to-messages"
 upstream = "m"
 vision = true
+# Hosted tools are dropped by default (tests/agent_tools.rs); here they are refused.
+hosted_tools = "refuse"
 
 [[models]]
 name = "to-responses"
@@ -105,7 +109,7 @@ fn refusals() -> Vec<(&'static str, &'static str, Value, &'static str)> {
             "/v1/messages",
             json!({"model": "to-chat", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
                 "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
-            "tools[0].type",
+            "tools[0]",
         ),
         (
             "messages document block to chat",
@@ -130,7 +134,7 @@ fn refusals() -> Vec<(&'static str, &'static str, Value, &'static str)> {
             "responses built-in tool to messages",
             "/v1/responses",
             json!({"model": "to-messages", "input": "hi", "tools": [{"type": "web_search"}]}),
-            "tools[0].type",
+            "tools[0]",
         ),
         (
             "responses item_reference to chat",

@@ -92,6 +92,7 @@ api_key_env = "UNSET"
 name = "m"
 upstream = "opneai"
 thinking = "sometimes"
+hosted_tools = "maybe"
 endpoints = ["chat", "fax"]
 
 [[models]]
@@ -121,6 +122,10 @@ upstream = "v"
     );
     has(&errs, "models[0].upstream: no upstream named \"opneai\"");
     has(&errs, "models[0].thinking: unknown value \"sometimes\"");
+    has(
+        &errs,
+        "models[0].hosted_tools: unknown value \"maybe\"; allowed: drop, refuse",
+    );
     has(&errs, "models[0].endpoints[1]: unknown endpoint \"fax\"");
     has(&errs, "models[1].name: invalid pattern \"a*b\"");
 }

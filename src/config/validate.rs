@@ -144,6 +144,7 @@ struct RawModel {
     default_max_tokens: Option<u32>,
     /// `veo-vertex` models: `storageUri`, overriding the upstream's.
     storage_uri: Option<String>,
+    hosted_tools: Option<String>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -972,6 +973,7 @@ fn validate_targets(
     path: &str,
     upstreams: &[Arc<Upstream>],
     thinking: ThinkingStyle,
+    hosted_tools: HostedTools,
     errors: &mut Errors,
 ) -> Vec<Target> {
     let find = |name: &str, at: String, errors: &mut Errors| {
@@ -1010,6 +1012,7 @@ fn validate_targets(
                     weight: 1,
                     thinking,
                     default_max_tokens: m.default_max_tokens,
+                    hosted_tools,
                 })
                 .into_iter()
                 .collect()
@@ -1050,6 +1053,7 @@ fn validate_targets(
                         weight: t.weight.unwrap_or(1).max(1),
                         thinking: style,
                         default_max_tokens: t.default_max_tokens.or(m.default_max_tokens),
+                        hosted_tools,
                     });
                 }
             }
@@ -1077,7 +1081,18 @@ fn validate_models(
             format!("{path}.thinking"),
             errors,
         );
-        let targets = validate_targets(&m, &path, upstreams, thinking, errors);
+        let hosted_tools = match m.hosted_tools.as_deref() {
+            None | Some("drop") => HostedTools::Drop,
+            Some("refuse") => HostedTools::Refuse,
+            Some(other) => {
+                errors.push(
+                    format!("{path}.hosted_tools"),
+                    format!("unknown value {other:?}; allowed: drop, refuse"),
+                );
+                HostedTools::Drop
+            }
+        };
+        let targets = validate_targets(&m, &path, upstreams, thinking, hosted_tools, errors);
         let endpoints = match &m.endpoints {
             None => EndpointSet::ALL,
             Some(list) => {
@@ -1230,6 +1245,7 @@ fn validate_models(
                     thinking,
                     default_max_tokens: m.default_max_tokens,
                     storage_uri: m.storage_uri,
+                    hosted_tools,
                 }));
             }
         }

@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 use super::common::*;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
+use crate::translate::tools::{self, ClientTool, ToolMap};
 
 /// Marks an Anthropic thinking signature carried in a reasoning item's `encrypted_content`, so it
 /// is recognised (and only it is trusted) when the client sends the item back.
@@ -262,8 +263,50 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
     json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
 }
 
+/// The item id prefix OpenAI gives each kind of call item.
+fn call_id_prefix(tool: Option<&ClientTool>) -> &'static str {
+    match tool {
+        Some(ClientTool::Custom) => "ctc_",
+        Some(ClientTool::LocalShell) => "lsh_",
+        _ => "fc_",
+    }
+}
+
+/// A finished call as the item type the client declared its tool with: a `function_call`
+/// (with its `namespace` when it was declared in one), a `custom_tool_call` or a `local_shell_call`.
+fn client_call_item(
+    tool: Option<&ClientTool>,
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    match tool {
+        None => call_item(id, call_id, name, arguments, status),
+        Some(ClientTool::Namespaced { namespace, name }) => {
+            let mut item = call_item(id, call_id, name, arguments, status);
+            item["namespace"] = json!(namespace);
+            item
+        }
+        Some(ClientTool::Custom) => {
+            json!({"type": "custom_tool_call", "id": id, "call_id": call_id,
+            "name": name, "input": tools::custom_input(arguments), "status": status})
+        }
+        Some(ClientTool::LocalShell) => {
+            json!({"type": "local_shell_call", "id": id, "call_id": call_id,
+            "action": tools::local_shell_action(arguments), "status": status})
+        }
+    }
+}
+
 /// Writes the reply a responses client expects.
-pub fn ir_to_response(r: &ir::Response, client_model: &str, echo: &Echo) -> Value {
+pub fn ir_to_response(
+    r: &ir::Response,
+    client_model: &str,
+    echo: &Echo,
+    client_tools: &ToolMap,
+) -> Value {
     let mut output = Vec::new();
     let mut text = String::new();
     let flush = |text: &mut String, output: &mut Vec<Value>| {
@@ -289,8 +332,10 @@ pub fn ir_to_response(r: &ir::Response, client_model: &str, echo: &Echo) -> Valu
                 arguments,
             } => {
                 flush(&mut text, &mut output);
-                output.push(call_item(
-                    &ir::mint_id("fc_"),
+                let tool = client_tools.get(name);
+                output.push(client_call_item(
+                    tool,
+                    &ir::mint_id(call_id_prefix(tool)),
                     id,
                     name,
                     arguments,

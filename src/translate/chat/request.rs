@@ -763,8 +763,9 @@ fn write_thinking<'a>(
                 AnthropicThinking::switch(false)
             });
         }
-        // No vendor switch configured: OpenAI's own spelling, when the client gave an effort.
-        ThinkingStyle::None => {
+        // OpenAI's own spelling; with no form configured only a chat client gets here (its
+        // explicit effort, which chat's rules let through), the agents' thinking was dropped.
+        ThinkingStyle::None | ThinkingStyle::OpenAi => {
             out.reasoning_effort = match (&th.effort, on) {
                 (Some(e), _) => Some(e),
                 (None, false) => None,

@@ -13,6 +13,7 @@ use crate::error::GatewayError;
 use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
 use crate::translate::common::{encoded, push, unsupported, EMPTY_SCHEMA};
 use crate::translate::lax::{self, lax_struct, Loose, Raw};
+use crate::translate::tools::{self, HostedTool};
 
 /// Anthropic's default when neither the client nor the model config gives `max_tokens`.
 const FALLBACK_MAX_TOKENS: u64 = 4096;
@@ -122,9 +123,12 @@ lax_struct! {
     }
 }
 
-/// A messages client's replies need nothing from its request.
+/// A messages client's replies need nothing from its request but which of its server tools a
+/// translated request leaves out.
 #[derive(Debug, Clone, Default)]
-pub struct ClientContext;
+pub struct ClientContext {
+    pub hosted: Vec<HostedTool>,
+}
 
 /// What reading a messages upstream's replies needs to remember from the request.
 #[derive(Debug, Clone, Default)]
@@ -436,14 +440,28 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
         push(&mut r.messages, role, parts);
     }
     let tools = v.tools.get_array(|| "tools".into())?;
+    let mut ctx = ClientContext::default();
     for (i, t) in tools.unwrap_or(&[]).iter().enumerate() {
-        if let Some(kind) = t.kind.as_str().filter(|k| *k != "custom") {
-            return Err(unsupported(
-                &format!("tools[{i}].type"),
-                &format!("server tool {kind:?} exists only on Anthropic"),
-            ));
-        }
         let at = |field: &str| format!("tools[{i}].{field}");
+        if let Some(kind) = t.kind.as_str().filter(|k| *k != "custom") {
+            match tools::anthropic_kind(kind) {
+                // Client-run tools whose schema Anthropic fixes: the model elsewhere needs it spelt out.
+                tools::AnthropicKind::Fixed {
+                    schema,
+                    description,
+                } => r.tools.push(Tool {
+                    name: t.name.req_str(|| at("name"))?.to_owned(),
+                    description: Some(description.to_owned()),
+                    parameters: ir::RawJson(lax::raw_const(schema)?),
+                    strict: None,
+                }),
+                tools::AnthropicKind::Server => ctx.hosted.push(HostedTool {
+                    param: format!("tools[{i}]"),
+                    kind: kind.to_owned(),
+                }),
+            }
+            continue;
+        }
         r.tools.push(Tool {
             name: t.name.req_str(|| at("name"))?.to_owned(),
             description: t
@@ -514,7 +532,7 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
             strict: Some(true),
         });
     }
-    Ok((r, ClientContext))
+    Ok((r, ctx))
 }
 
 // === the upstream's body ===

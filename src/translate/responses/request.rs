@@ -12,6 +12,7 @@ use crate::error::GatewayError;
 use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
 use crate::translate::common::{encoded, push, tool_result_text, unsupported, EMPTY_SCHEMA};
 use crate::translate::lax::{self, lax_struct, Both, Loose, Raw};
+use crate::translate::tools::{self, ClientTool, HostedTool, ToolMap};
 
 // === the client's body, as far as the decoder reads it ===
 
@@ -47,6 +48,10 @@ lax_struct! {
         pub output: Loose<'a, PartIn<'a>>,
         pub summary: Loose<'a, SummaryIn<'a>>,
         pub encrypted_content: Loose<'a>,
+        pub namespace: Loose<'a>,
+        pub input: Loose<'a>,
+        pub action: Raw<'a>,
+        pub id: Loose<'a>,
     }
 }
 
@@ -73,6 +78,8 @@ lax_struct! {
         pub description: Loose<'a>,
         pub parameters: Raw<'a>,
         pub strict: Loose<'a>,
+        pub tools: Loose<'a, ToolIn<'a>>,
+        pub format: Raw<'a>,
     }
 }
 
@@ -106,10 +113,14 @@ lax_struct! {
     }
 }
 
-/// What a responses client's replies need from its request: the fields they echo.
+/// What a responses client's replies need from its request: the fields they echo, and how the
+/// tools it declared map back from the function names the upstream saw.
 #[derive(Debug, Clone, Default)]
 pub struct ClientContext {
     pub echo: Arc<Echo>,
+    pub tools: Arc<ToolMap>,
+    /// Hosted tools it declared, which a translated request leaves out or refuses.
+    pub hosted: Vec<HostedTool>,
 }
 
 /// A responses upstream needs nothing from the request to read its replies.
@@ -185,7 +196,8 @@ fn parts_of(
 
 fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), GatewayError> {
     let at = |field: &str| format!("input[{i}].{field}");
-    match item.kind.as_str().unwrap_or("message") {
+    let kind = item.kind.as_str().unwrap_or("message");
+    match kind {
         "message" => {
             let content = || at("content");
             match item.role.as_str() {
@@ -217,30 +229,67 @@ fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), Gate
                 }
             }
         }
-        "function_call" => push(
+        "function_call" => {
+            let name = item.name.req_str(|| at("name"))?;
+            let name = match item.namespace.get_str(|| at("namespace"))? {
+                Some(ns) => tools::flatten(ns, name),
+                None => name.to_owned(),
+            };
+            push(
+                &mut r.messages,
+                Role::Assistant,
+                vec![Part::ToolCall {
+                    id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
+                    name,
+                    arguments: item
+                        .arguments
+                        .get_str(|| at("arguments"))?
+                        .unwrap_or("{}")
+                        .to_owned(),
+                }],
+            )
+        }
+        "custom_tool_call" => push(
             &mut r.messages,
             Role::Assistant,
             vec![Part::ToolCall {
                 id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
                 name: item.name.req_str(|| at("name"))?.to_owned(),
-                arguments: item
-                    .arguments
-                    .get_str(|| at("arguments"))?
-                    .unwrap_or("{}")
-                    .to_owned(),
+                arguments:
+                    serde_json::json!({"input": item.input.get_str(|| at("input"))?.unwrap_or("")})
+                        .to_string(),
             }],
         ),
-        "function_call_output" => {
+        "local_shell_call" => push(
+            &mut r.messages,
+            Role::Assistant,
+            vec![Part::ToolCall {
+                // The call id is what its output names; older items carry only `id`.
+                id: match item.call_id.get_str(|| at("call_id"))? {
+                    Some(c) => c.to_owned(),
+                    None => item.id.req_str(|| at("call_id"))?.to_owned(),
+                },
+                name: tools::LOCAL_SHELL.to_owned(),
+                arguments: tools::local_shell_arguments(item.action.0.map(RawValue::get)),
+            }],
+        ),
+        "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" => {
             let content = match &item.output {
                 Loose::Str(s) => vec![Part::Text(s.clone().into_owned())],
                 o @ Loose::Arr(_) => parts_of(o, &|| at("output"))?,
                 _ => return Err(GatewayError::invalid(at("output"), "`output` is required")),
             };
+            let call_id = match item.call_id.get_str(|| at("call_id"))? {
+                Some(c) => c,
+                // `local_shell_call_output` names its call by `id`.
+                None if kind == "local_shell_call_output" => item.id.req_str(|| at("id"))?,
+                None => item.call_id.req_str(|| at("call_id"))?,
+            };
             push(
                 &mut r.messages,
                 Role::User,
                 vec![Part::ToolResult {
-                    call_id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
+                    call_id: call_id.to_owned(),
                     content,
                     is_error: false,
                 }],
@@ -278,6 +327,59 @@ fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), Gate
         }
     }
     Ok(())
+}
+
+/// A `function` or `custom` tool as the function the upstream sees, under `name`.
+fn client_tool(tool: &ToolIn<'_>, path: &str, name: String) -> Result<Tool, GatewayError> {
+    let at = |field: &str| format!("{path}.{field}");
+    let description = tool
+        .description
+        .get_str(|| at("description"))?
+        .map(str::to_owned);
+    Ok(match tool.kind.as_str() {
+        Some("custom") => {
+            let format: Option<serde_json::Value> = tool
+                .format
+                .0
+                .and_then(|f| serde_json::from_str(f.get()).ok());
+            Tool {
+                name,
+                description,
+                parameters: ir::RawJson(
+                    RawValue::from_string(tools::custom_schema(format.as_ref())).map_err(|e| {
+                        GatewayError::invalid(at("format"), format!("`{}`: {e}", at("format")))
+                    })?,
+                ),
+                strict: None,
+            }
+        }
+        Some("function") => Tool {
+            name,
+            description,
+            parameters: match tool.parameters.0.filter(|p| p.get() != "null") {
+                Some(p) => p.into(),
+                None => ir::RawJson(lax::raw_const(EMPTY_SCHEMA)?),
+            },
+            strict: tool.strict.get_bool(|| at("strict"))?,
+        },
+        other => {
+            return Err(GatewayError::invalid(
+                at("type"),
+                format!(
+                    "a namespace holds function or custom tools; got {:?}",
+                    other.unwrap_or("?")
+                ),
+            ))
+        }
+    })
+}
+
+/// A namespaced function's description, prefixed with its namespace so the model sees the grouping.
+fn tool_description(own: Option<String>, namespace: &str) -> Option<String> {
+    Some(match own {
+        Some(d) => format!("[{namespace}] {d}"),
+        None => format!("[{namespace}]"),
+    })
 }
 
 /// Reads and checks a responses request into the IR, refusing what the IR cannot hold.
@@ -320,30 +422,74 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
             ))
         }
     }
+    let mut map = ToolMap::default();
+    let mut hosted = Vec::new();
+    // Each upstream name with where it was declared, to refuse a collision naming both.
+    let mut names: Vec<(String, String)> = Vec::new();
     let tools = v.tools.typed.get_array(|| "tools".into())?;
     for (i, tool) in tools.unwrap_or(&[]).iter().enumerate() {
-        let at = |field: &str| format!("tools[{i}].{field}");
+        let path = format!("tools[{i}]");
         match tool.kind.as_str() {
-            Some("function") => r.tools.push(Tool {
-                name: tool.name.req_str(|| at("name"))?.to_owned(),
-                description: tool
-                    .description
-                    .get_str(|| at("description"))?
-                    .map(str::to_owned),
-                parameters: match tool.parameters.0.filter(|p| p.get() != "null") {
-                    Some(p) => p.into(),
-                    None => ir::RawJson(lax::raw_const(EMPTY_SCHEMA)?),
-                },
-                strict: tool.strict.get_bool(|| at("strict"))?,
+            Some("namespace") => {
+                let ns = tool.name.req_str(|| format!("{path}.name"))?;
+                let inner = tool.tools.get_array(|| format!("{path}.tools"))?;
+                for (j, t) in inner.unwrap_or(&[]).iter().enumerate() {
+                    let path = format!("{path}.tools[{j}]");
+                    let name = t.name.req_str(|| format!("{path}.name"))?;
+                    let flat = tools::flatten(ns, name);
+                    let mut tool = client_tool(t, &path, flat.clone())?;
+                    if let Some(d) = tool_description(tool.description.take(), ns) {
+                        tool.description = Some(d);
+                    }
+                    // A custom call has no namespace field: one inside a namespace comes back
+                    // under its flattened name.
+                    let back = if t.kind.as_str() == Some("custom") {
+                        ClientTool::Custom
+                    } else {
+                        ClientTool::Namespaced {
+                            namespace: ns.to_owned(),
+                            name: name.to_owned(),
+                        }
+                    };
+                    map.insert(flat.clone(), back);
+                    names.push((flat, path));
+                    r.tools.push(tool);
+                }
+            }
+            Some("function" | "custom") => {
+                let name = tool.name.req_str(|| format!("{path}.name"))?.to_owned();
+                if tool.kind.as_str() == Some("custom") {
+                    map.insert(name.clone(), ClientTool::Custom);
+                }
+                names.push((name.clone(), path.clone()));
+                r.tools.push(client_tool(tool, &path, name)?);
+            }
+            Some("local_shell") => {
+                map.insert(tools::LOCAL_SHELL.to_owned(), ClientTool::LocalShell);
+                names.push((tools::LOCAL_SHELL.to_owned(), path));
+                r.tools.push(Tool {
+                    name: tools::LOCAL_SHELL.to_owned(),
+                    description: Some(tools::LOCAL_SHELL_DESCRIPTION.to_owned()),
+                    parameters: ir::RawJson(lax::raw_const(tools::LOCAL_SHELL_SCHEMA)?),
+                    strict: None,
+                });
+            }
+            Some(kind) if tools::is_responses_hosted(kind) => hosted.push(HostedTool {
+                param: path,
+                kind: kind.to_owned(),
             }),
             other => {
-                return Err(unsupported(
-                    &at("type"),
-                    &format!("{:?} tools exist only on OpenAI", other.unwrap_or("?")),
+                return Err(GatewayError::invalid(
+                    format!("{path}.type"),
+                    format!(
+                        "unknown tool type {:?}; allowed: function, custom, namespace, local_shell, or a hosted tool (web_search, file_search, code_interpreter, image_generation, computer_use_preview, tool_search, mcp)",
+                        other.unwrap_or("?")
+                    ),
                 ))
             }
         }
     }
+    tools::check_unique(&names)?;
     r.tool_choice = match &v.tool_choice.typed {
         Loose::Absent | Loose::Null => None,
         Loose::Str(s) => Some(match &**s {
@@ -355,7 +501,9 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
             .as_object()
             .map(|o| (o.kind.as_str(), o.name.as_str()))
         {
-            Some((Some("function"), Some(n))) => Some(ToolChoice::Named(n.to_owned())),
+            Some((Some("function" | "custom"), Some(n))) => Some(ToolChoice::Named(n.to_owned())),
+            // A hosted tool forced: the upstream cannot run it, so the model just may use tools.
+            Some((Some(kind), _)) if tools::is_responses_hosted(kind) => Some(ToolChoice::Auto),
             _ => {
                 return Err(unsupported(
                     "tool_choice",
@@ -399,6 +547,8 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
     };
     let ctx = ClientContext {
         echo: Arc::new(Echo::from_request(&v)),
+        tools: Arc::new(map),
+        hosted,
     };
     Ok((r, ctx))
 }

@@ -219,6 +219,8 @@ enum OpenItem {
         name: String,
         args: String,
         tool: usize,
+        /// What the client declared the tool as, when not a plain function.
+        kind: Option<ClientTool>,
     },
 }
 
@@ -228,6 +230,7 @@ pub struct StreamEncoder {
     model: String,
     created: u64,
     echo: Arc<Echo>,
+    client_tools: Arc<ToolMap>,
     seq: u64,
     started: bool,
     open: Option<OpenItem>,
@@ -240,12 +243,13 @@ pub struct StreamEncoder {
 }
 
 impl StreamEncoder {
-    pub fn new(client_model: &str, echo: Arc<Echo>) -> Self {
+    pub fn new(client_model: &str, echo: Arc<Echo>, client_tools: Arc<ToolMap>) -> Self {
         Self {
             id: ir::mint_id("resp_"),
             model: client_model.to_owned(),
             created: ir::now_secs(),
             echo,
+            client_tools,
             seq: 0,
             started: false,
             open: None,
@@ -318,10 +322,42 @@ impl StreamEncoder {
                 call_id,
                 name,
                 args,
+                kind,
                 ..
             } => {
-                self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
-                call_item(&id, &call_id, &name, &args, status)
+                let item = client_call_item(kind.as_ref(), &id, &call_id, &name, &args, status);
+                match &kind {
+                    // The input is known whole only now: the model wrote it as a JSON string.
+                    Some(ClientTool::Custom) => {
+                        let input = item["input"].clone();
+                        self.emit(
+                            out,
+                            "response.custom_tool_call_input.delta",
+                            json!({"item_id": id, "output_index": output_index, "delta": input}),
+                        );
+                        self.emit(
+                            out,
+                            "response.custom_tool_call_input.done",
+                            json!({"item_id": id, "output_index": output_index, "input": input}),
+                        );
+                    }
+                    // OpenAI streams no argument events for a shell call: the item is added
+                    // whole, now that its action is known.
+                    Some(ClientTool::LocalShell) => {
+                        self.emit(
+                            out,
+                            "response.output_item.added",
+                            json!({"output_index": output_index, "item": item.clone()}),
+                        );
+                    }
+                    Some(ClientTool::Namespaced { name, .. }) => {
+                        self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
+                    }
+                    None => {
+                        self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
+                    }
+                }
+                item
             }
         };
         self.emit(
@@ -340,10 +376,20 @@ impl StreamEncoder {
             return;
         };
         let item_id = item_id.clone();
-        if let Some(item) = self.output.get_mut(output_index) {
-            let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
-            item["arguments"] = json!(joined);
-        }
+        let Some(item) = self
+            .output
+            .get_mut(output_index)
+            .filter(|i| i["type"] == "function_call")
+        else {
+            // A custom or shell call was written whole; it has no argument events to extend.
+            tracing::debug!(
+                tool,
+                "argument fragment after a custom or shell call closed; dropped"
+            );
+            return;
+        };
+        let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
+        item["arguments"] = json!(joined);
         tracing::debug!(tool, "argument fragment after its item closed");
         self.emit(
             out,
@@ -437,19 +483,36 @@ impl StreamEncoder {
                 name,
             } => {
                 self.close(out);
-                let id = ir::mint_id("fc_");
+                let kind = self.client_tools.get(&name).cloned();
+                let id = ir::mint_id(call_id_prefix(kind.as_ref()));
                 let output_index = self.output.len();
                 self.calls.push((index, id.clone(), output_index));
-                self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": call_item(&id, &call_id, &name, "", "in_progress")}));
+                if kind != Some(ClientTool::LocalShell) {
+                    let item =
+                        client_call_item(kind.as_ref(), &id, &call_id, &name, "", "in_progress");
+                    self.emit(
+                        out,
+                        "response.output_item.added",
+                        json!({"output_index": output_index, "item": item}),
+                    );
+                }
                 self.open = Some(OpenItem::Call {
                     id,
                     call_id,
                     name,
                     args: String::new(),
                     tool: index,
+                    kind,
                 });
             }
             Event::ToolArgs { index, fragment } => match &mut self.open {
+                // Custom and shell calls are written whole when they close.
+                Some(OpenItem::Call {
+                    args,
+                    tool,
+                    kind: Some(ClientTool::Custom | ClientTool::LocalShell),
+                    ..
+                }) if *tool == index => args.push_str(&fragment),
                 Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
                     args.push_str(&fragment);
                     self.seq += 1;
