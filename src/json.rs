@@ -185,7 +185,7 @@ pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
                 }) = stack.last_mut()
                 {
                     *expecting = false;
-                    let key = Key(&bytes[i + 1..end]);
+                    let key = Key::new(&bytes[i + 1..end]);
                     if keys.insert(key) {
                         if let Some(Level::Object { current, .. }) = stack.last_mut() {
                             *current = Some(key);
@@ -246,27 +246,38 @@ fn string_end(bytes: &[u8], mut from: usize) -> usize {
 
 /// A key as written in the body; two spellings of one key (`"a"` and `"\u0061"`) compare equal.
 #[derive(Debug, Clone, Copy)]
-struct Key<'a>(&'a [u8]);
+struct Key<'a> {
+    raw: &'a [u8],
+    /// Has a backslash: compared by its unescaped text, which is rare and slower.
+    escaped: bool,
+}
 
-impl Key<'_> {
-    fn text(&self) -> Cow<'_, str> {
-        if self.0.contains(&b'\\') {
-            let mut quoted = Vec::with_capacity(self.0.len() + 2);
+impl<'a> Key<'a> {
+    fn new(raw: &'a [u8]) -> Self {
+        Self {
+            raw,
+            escaped: memchr::memchr(b'\\', raw).is_some(),
+        }
+    }
+
+    fn text(&self) -> Cow<'a, str> {
+        if self.escaped {
+            let mut quoted = Vec::with_capacity(self.raw.len() + 2);
             quoted.push(b'"');
-            quoted.extend_from_slice(self.0);
+            quoted.extend_from_slice(self.raw);
             quoted.push(b'"');
             if let Ok(s) = serde_json::from_slice::<String>(&quoted) {
                 return Cow::Owned(s);
             }
         }
-        String::from_utf8_lossy(self.0)
+        String::from_utf8_lossy(self.raw)
     }
 }
 
 impl PartialEq for Key<'_> {
     fn eq(&self, other: &Self) -> bool {
-        if !self.0.contains(&b'\\') && !other.0.contains(&b'\\') {
-            return self.0 == other.0;
+        if !self.escaped && !other.escaped {
+            return self.raw == other.raw;
         }
         self.text() == other.text()
     }
@@ -276,7 +287,11 @@ impl Eq for Key<'_> {}
 
 impl std::hash::Hash for Key<'_> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.text().hash(state);
+        if self.escaped {
+            self.text().as_bytes().hash(state);
+        } else {
+            self.raw.hash(state);
+        }
     }
 }
 
