@@ -315,13 +315,20 @@ def test_bad_key_is_authentication_error(gateway: str, model: str) -> None:
             bad.models.list()
 
 
-def test_model_not_allowed_for_key_is_permission_denied(gateway: str) -> None:
+def test_model_not_allowed_for_key_is_not_found(gateway: str) -> None:
+    # A model the key may not use reads exactly like one that does not exist (gateway.md §14),
+    # so a limited key cannot list what the gateway serves.
     with make_client(gateway, LIMITED_KEY) as limited:
-        with pytest.raises(openai.PermissionDeniedError) as caught:
+        with pytest.raises(openai.NotFoundError) as caught:
             limited.chat.completions.create(
                 model=HTTP_MODEL, messages=[{"role": "user", "content": "hi"}]
             )
-        assert caught.value.status_code == 403
+        assert caught.value.status_code == 404
+        with pytest.raises(openai.NotFoundError) as unknown:
+            limited.chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert caught.value.body["code"] == unknown.value.body["code"] == "model_not_found"
         # The model it may use still works.
         ok = limited.chat.completions.create(
             model=INPROC_MODEL, messages=[{"role": "user", "content": "hi"}]
