@@ -42,6 +42,7 @@ pub mod google_auth;
 pub mod ir;
 pub mod json;
 pub mod limits;
+pub mod logfmt;
 pub mod metrics;
 pub mod mock;
 pub mod observe;

@@ -79,9 +79,12 @@ fn init_logging_as(format: LogFormat) {
             .flatten_event(true)
             .with_current_span(false)
             .init(),
-        LogFormat::Text => fmt
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        // A person at a terminal gets tracing's coloured lines; a file or a collector gets the
+        // same layout from a formatter that costs a fraction per line (src/logfmt.rs).
+        LogFormat::Text if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
+            fmt.with_ansi(true).init()
+        }
+        LogFormat::Text => fmt.event_format(modelgate::logfmt::Plain).init(),
     }
 }
 
