@@ -83,6 +83,9 @@ impl ResponseStore {
                         u32::try_from(k.len() + v.len()).unwrap_or(u32::MAX)
                     })
                     .time_to_live(settings.responses_ttl)
+                    // The oldest conversations go first; TinyLFU's admission would instead
+                    // refuse a new response while old, rarely read ones stay.
+                    .eviction_policy(moka::policy::EvictionPolicy::lru())
                     .build(),
             ),
         };
@@ -154,6 +157,9 @@ impl ResponseStore {
                     c.insert(Self::local_key(key, Kind::Item, item), id.clone())
                         .await;
                 }
+                // Evictions are applied now rather than on some later call, so the cap holds
+                // as soon as a response is stored.
+                c.run_pending_tasks().await;
                 Ok(())
             }
             Backend::Redis(r) => {

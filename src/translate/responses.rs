@@ -171,6 +171,9 @@ pub struct Echo {
     pub summary: Option<Box<RawValue>>,
     pub store: Option<Box<RawValue>>,
     pub previous_response_id: Option<Box<RawValue>>,
+    /// The reply is stored under its id (the client did not say `store: false`), so the id is
+    /// the gateway's own: an upstream's ids need not be unique across upstreams or restarts.
+    pub fresh_id: bool,
 }
 
 /// An echoed field as a value, or `default` when the client did not send it.
@@ -359,8 +362,13 @@ pub fn ir_to_response(
             last["status"] = json!("incomplete");
         }
     }
+    let id = if echo.fresh_id {
+        ir::mint_id("resp_")
+    } else {
+        reprefix(&r.id, "resp_")
+    };
     response_object(
-        Head(&reprefix(&r.id, "resp_"), r.created, client_model),
+        Head(&id, r.created, client_model),
         status,
         output,
         Some(&r.finish),
