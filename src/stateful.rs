@@ -492,7 +492,18 @@ pub async fn finish(
             )
         })?
         .to_bytes();
-    if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+    // A passthrough answer needs only its id: read that, not the whole tree.
+    #[derive(Deserialize)]
+    struct IdOnly {
+        id: String,
+    }
+    let value = match &job.served {
+        Served::Upstream(_) => serde_json::from_slice::<IdOnly>(&bytes)
+            .ok()
+            .map(|v| json!({"id": v.id})),
+        Served::Kept => serde_json::from_slice::<Value>(&bytes).ok(),
+    };
+    if let Some(value) = value {
         job.record(value).await;
     }
     parts.headers.remove(http::header::CONTENT_LENGTH);

@@ -147,7 +147,7 @@ impl Echo {
             effort: owned(v.reasoning.effort.raw),
             summary: owned(v.reasoning.summary.0),
             store: owned(v.store.0),
-            fresh_id: v.store.0.is_none_or(|s| s.get() != "false"),
+            fresh_id: v.store.0.map_or(true, |s| s.get() != "false"),
             // Set by the pipeline, which expands it out of the body before translating.
             previous_response_id: None,
         }
