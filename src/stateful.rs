@@ -96,9 +96,9 @@ impl ResponseStore {
     }
 
     fn local_key(key: &str, kind: Kind, id: &str) -> String {
-        // NUL cannot occur in a key name or a JSON-decoded id that reached here intact enough
-        // to matter; it keeps `a`+`b:c` and `a:b`+`c` apart.
-        format!("{key}\0{}\0{id}", kind.name())
+        // The key name's length first: no id a client sends can make one key's entry read as
+        // another key's, whatever characters either holds.
+        format!("{}:{key}:{}:{id}", key.len(), kind.name())
     }
 
     /// The same layout as the limits' keys: the gateway key is the cluster hash tag.
