@@ -942,3 +942,34 @@ async fn store_settings_are_checked() {
         assert!(err.contains(path), "{line}: {err}");
     }
 }
+
+#[tokio::test]
+async fn in_redis_an_unreachable_store_is_a_503_and_serving_goes_on() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let up = FakeUpstream::start(upstream).await;
+    let gw = start_redis(&up, &redis, "").await;
+    let url = gw.base("/v1/responses");
+    let (_, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": "hi"})).await;
+    let id = v["id"].as_str().unwrap().to_owned();
+    tokio::task::spawn_blocking(move || drop(redis))
+        .await
+        .unwrap();
+    let (s, v) = get(KEY, &gw.base(&format!("/v1/responses/{id}"))).await;
+    assert_openai_error(s, &v, 503, None);
+    assert_eq!(v["error"]["code"], "store_unavailable");
+    let before = up.seen().len();
+    let (s, v) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "previous_response_id": id, "input": "again"}),
+    )
+    .await;
+    assert_openai_error(s, &v, 503, None);
+    assert_eq!(up.seen().len(), before, "not sent without its history");
+    // A new conversation is still served; only its storing is lost (and logged).
+    let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": "fresh"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(output_text(&v), "reply-1");
+}
