@@ -374,7 +374,17 @@ pub struct StoreSettings {
     pub redis_url: Option<Secret>,
     pub redis_url_env: Option<String>,
     pub on_error: OnStoreError,
+    /// How long a stored `/v1/responses` answer stays retrievable (`responses_ttl_s`).
+    pub responses_ttl: std::time::Duration,
+    /// The in-process cap on stored responses, in bytes (`responses_max_mb`); Redis has its own
+    /// `maxmemory`.
+    pub responses_max_bytes: u64,
 }
+
+/// Stored responses live a day unless `[store] responses_ttl_s` says otherwise.
+pub const DEFAULT_RESPONSES_TTL_S: u64 = 86_400;
+/// The in-process response store's cap unless `[store] responses_max_mb` says otherwise.
+pub const DEFAULT_RESPONSES_MAX_MB: u64 = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

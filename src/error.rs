@@ -70,6 +70,8 @@ pub enum ErrorKind {
     Forbidden,
     NotFound,
     ModelNotFound,
+    /// A `previous_response_id` the key has no stored response for (OpenAI's own code).
+    PreviousResponseNotFound,
     MethodNotAllowed,
     TooLarge,
     /// The client went silent while sending its request body.
@@ -92,7 +94,9 @@ impl ErrorKind {
             Self::InvalidRequest => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::ModelNotFound | Self::PreviousResponseNotFound => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -123,6 +127,7 @@ impl ErrorKind {
             Self::InvalidRequest
             | Self::NotFound
             | Self::ModelNotFound
+            | Self::PreviousResponseNotFound
             | Self::MethodNotAllowed
             | Self::TooLarge
             | Self::RequestTimeout => "invalid_request_error",
@@ -145,6 +150,7 @@ impl ErrorKind {
             Self::Forbidden => "forbidden",
             Self::NotFound => "not_found",
             Self::ModelNotFound => "model_not_found",
+            Self::PreviousResponseNotFound => "previous_response_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::TooLarge => "request_too_large",
             Self::RequestTimeout => "request_timeout",
@@ -166,7 +172,9 @@ impl ErrorKind {
             }
             Self::Unauthorized => "authentication_error",
             Self::Forbidden => "permission_error",
-            Self::NotFound | Self::ModelNotFound => "not_found_error",
+            Self::NotFound | Self::ModelNotFound | Self::PreviousResponseNotFound => {
+                "not_found_error"
+            }
             Self::TooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
             Self::UpstreamTimeout => "timeout_error",
@@ -184,7 +192,9 @@ impl ErrorKind {
             Self::InvalidRequest => (100400, "INVALID_PARAMETER"),
             Self::Unauthorized => (100401, "UNAUTHORIZED"),
             Self::Forbidden => (100403, "FORBIDDEN"),
-            Self::NotFound | Self::ModelNotFound => (100404, "NOT_FOUND"),
+            Self::NotFound | Self::ModelNotFound | Self::PreviousResponseNotFound => {
+                (100404, "NOT_FOUND")
+            }
             Self::MethodNotAllowed => (100405, "METHOD_NOT_ALLOWED"),
             Self::TooLarge => (100413, "TOO_LARGE"),
             Self::RequestTimeout => (100408, "REQUEST_TIMEOUT"),

@@ -54,6 +54,7 @@ pub mod route;
 pub mod routing;
 pub mod server;
 pub mod sse;
+pub mod stateful;
 pub mod store;
 pub mod thinking;
 pub mod tls;

@@ -42,6 +42,15 @@ impl Limiter {
         }
     }
 
+    /// The Redis store the limits use, when `[store]` names one: stored responses share its
+    /// connection.
+    pub fn redis(&self) -> Option<Arc<RedisStore>> {
+        match &self.store {
+            Store::Redis(r) => Some(r.clone()),
+            Store::Local(_) => None,
+        }
+    }
+
     /// Admits one request of `key`, or refuses it in the caller's error shape (429, or 503
     /// when the store is down and `on_error = "deny"`). `slot` names the request's
     /// concurrency slot (its request id).

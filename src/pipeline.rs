@@ -27,7 +27,7 @@ use crate::routing::Routing;
 use crate::translate::{self, Translation};
 use crate::upstream;
 use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
-use crate::{mock, validate};
+use crate::{mock, stateful, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
@@ -127,6 +127,8 @@ enum Endpoint {
     Llm(Protocol),
     /// `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// `GET`/`DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`.
+    StoredResponse,
     Models,
     Health,
     Ready,
@@ -143,7 +145,7 @@ impl Endpoint {
     fn method(self) -> Option<(Method, &'static str)> {
         match self {
             Self::Llm(_) | Self::Mock(_) | Self::CountTokens => Some((Method::POST, "POST")),
-            Self::Video => None,
+            Self::Video | Self::StoredResponse => None,
             _ => Some((Method::GET, "GET")),
         }
     }
@@ -151,7 +153,7 @@ impl Endpoint {
     fn shape(self) -> ErrorShape {
         match self {
             Self::Llm(Protocol::Messages) | Self::CountTokens => ErrorShape::Anthropic,
-            Self::Llm(_) | Self::Models => ErrorShape::OpenAi,
+            Self::Llm(_) | Self::Models | Self::StoredResponse => ErrorShape::OpenAi,
             Self::Health | Self::Ready | Self::Metrics => ErrorShape::Text,
             Self::Mock(Protocol::Messages) => ErrorShape::Anthropic,
             Self::Mock(_) => ErrorShape::OpenAi,
@@ -177,6 +179,7 @@ fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
         (Address::Base, "/v1/responses") => Some(Endpoint::Llm(Protocol::Responses)),
         (Address::Base, "/v1/messages/count_tokens") => Some(Endpoint::CountTokens),
         (Address::Base | Address::TokenPlan, "/v1/models") => Some(Endpoint::Models),
+        (Address::Base, p) if p.starts_with("/v1/responses/") => Some(Endpoint::StoredResponse),
         (Address::Admin, "/healthz") => Some(Endpoint::Health),
         (Address::Admin, "/readyz") => Some(Endpoint::Ready),
         (Address::Admin, "/metrics") => Some(Endpoint::Metrics),
@@ -309,6 +312,10 @@ async fn dispatch(
             ctx.protocol = Protocol::Messages.name();
             count_tokens(gw, rt, address, req, ctx).await
         }
+        Endpoint::StoredResponse => {
+            ctx.protocol = Protocol::Responses.name();
+            stored_response(gw, rt, address, req, ctx).await
+        }
         Endpoint::Models => {
             let principal = rt.keys.authenticate(req.headers(), address, false)?;
             ctx.key = Some(principal.clone());
@@ -402,6 +409,122 @@ async fn admit(
             Err(refusal.error)
         }
     }
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`: answered from
+/// the store for a translated response, forwarded to the upstream that keeps a passthrough one.
+/// Each costs a request of the key's rate, never tokens.
+async fn stored_response(
+    gw: &Gateway,
+    rt: &Routing,
+    address: Address,
+    req: Request<Incoming>,
+    ctx: &mut Ctx,
+) -> Result<Response<Body>, GatewayError> {
+    let principal = rt.keys.authenticate(req.headers(), address, false)?;
+    ctx.key = Some(principal.clone());
+    let path = req.uri().path();
+    let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
+    let (id, items) = match rest.split_once('/') {
+        None => (rest, false),
+        Some((id, "input_items")) => (id, true),
+        Some(_) => {
+            return Err(GatewayError::new(
+                ErrorKind::NotFound,
+                format!("no such path: {} {path}", req.method()),
+            ))
+        }
+    };
+    let method = req.method().clone();
+    match (&method, items) {
+        (&Method::GET, _) | (&Method::DELETE, false) => {}
+        (_, false) => return Err(GatewayError::method_not_allowed("GET, DELETE")),
+        (_, true) => return Err(GatewayError::method_not_allowed("GET")),
+    }
+    let id = id.to_owned();
+    let limits = KeyLimits {
+        rpm: principal.limits.rpm,
+        ..KeyLimits::default()
+    };
+    let _hold = admit(gw, &principal, limits, ctx).await?;
+    let store = &gw.services.responses;
+    let record = store
+        .get(&principal.name, &id)
+        .await
+        .map_err(|e| stateful::unavailable(&e))?
+        .ok_or_else(|| stateful::not_found(&id))?;
+    let upstream_name = match record {
+        stateful::Record::Translated { response, input } => {
+            let value = match (method, items) {
+                (_, true) => stateful::input_items_page(&input, req.uri().query())?,
+                (Method::DELETE, _) => {
+                    store
+                        .delete(&principal.name, &id)
+                        .await
+                        .map_err(|e| stateful::unavailable(&e))?;
+                    serde_json::json!({"id": id, "object": "response.deleted", "deleted": true})
+                }
+                _ => response,
+            };
+            return Ok(stateful::json_response(&value));
+        }
+        stateful::Record::Passthrough { upstream } => upstream,
+    };
+    // The upstream as the current config has it (its URL and credential may have changed).
+    let upstream = rt
+        .models
+        .all()
+        .iter()
+        .flat_map(|m| m.targets.iter())
+        .find(|t| t.upstream.name == upstream_name)
+        .map(|t| t.upstream.clone())
+        .ok_or_else(|| {
+            tracing::warn!(upstream = %upstream_name, "a stored response's upstream is no longer configured");
+            stateful::not_found(&id)
+        })?;
+    let base = upstream.uri_for(Protocol::Responses).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("upstream {upstream_name:?} has no responses URL"),
+        )
+    })?;
+    let mut uri = format!("{}/{id}", base.to_string().trim_end_matches('/'));
+    if items {
+        uri.push_str("/input_items");
+    }
+    if let Some(q) = req.uri().query() {
+        uri.push('?');
+        uri.push_str(q);
+    }
+    let uri: http::Uri = uri.parse().map_err(|_| stateful::not_found(&id))?;
+    let call = upstream::build_call(&upstream, method.clone(), uri, &ctx.request_id, None, true)?;
+    ctx.attempts = 1;
+    ctx.upstream = Some(upstream_name.clone());
+    let started = Instant::now();
+    let resp = gw.services.client.send(&upstream, call).await;
+    let outcome = match &resp {
+        Ok(r) => r.status().as_u16().to_string(),
+        Err(_) => "error".to_owned(),
+    };
+    ctx.log_attempt(
+        &gw.services.metrics,
+        &upstream_name,
+        outcome,
+        started.elapsed(),
+    );
+    let resp = upstream::check_answer(&upstream, resp?, false, gw.services.limits.max_reply_bytes)?;
+    if method == Method::DELETE && resp.status().is_success() {
+        if let Err(e) = store.delete(&principal.name, &id).await {
+            tracing::warn!(error = %e, "a deleted response's record stays until it expires");
+        }
+    }
+    let resp = redact_errors(resp, &upstream, gw.services.limits.max_reply_bytes);
+    Ok(wrap_response(
+        resp,
+        gw.services.limits,
+        StreamGuard::None,
+        &ctx.fate,
+    ))
 }
 
 /// `POST /v1/messages/count_tokens`: forwarded to the model's first target when it speaks
@@ -534,8 +657,24 @@ async fn llm(
         ));
     }
     let mut hold = admit(gw, &principal, principal.limits, ctx).await?;
-    let mut plan = Plan::new(protocol, &bytes, obj, &model, &client_model)?;
+    // A responses request may continue a stored conversation: it is expanded (or pinned to
+    // the upstream that keeps it) before anything is planned.
+    let prepared = match protocol {
+        Protocol::Responses => {
+            Some(stateful::prepare(&gw.services.responses, &principal.name, &bytes, &obj).await?)
+        }
+        _ => None,
+    };
+    let (bytes, obj) = match &prepared {
+        Some(p) if p.rewritten => (&p.body, crate::validate::request_object(&p.body)?),
+        _ => (&bytes, obj),
+    };
+    let mut plan = Plan::new(protocol, bytes, obj, &model, &client_model)?;
     plan.needs_usage = hold.wants_usage();
+    if let Some(p) = &prepared {
+        plan.echo_previous = p.previous.clone();
+        plan.pinned = p.pinned.clone();
+    }
     let mut chain = vec![(model.clone(), client_model.clone())];
     for name in &model.fallbacks {
         match rt.models.resolve(name, address) {
@@ -545,6 +684,19 @@ async fn llm(
             _ => {
                 tracing::warn!(model = %model.name, fallback = %name, "fallback not served on this address; skipped")
             }
+        }
+    }
+    if let Some(pinned) = &plan.pinned {
+        let reachable = chain
+            .iter()
+            .any(|(m, _)| m.targets.iter().any(|t| t.upstream.name == *pinned));
+        if !reachable {
+            return Err(GatewayError::invalid(
+                "previous_response_id",
+                format!(
+                    "the previous response is kept by an upstream the model {client_model:?} does not route to; use the model that made it"
+                ),
+            ));
         }
     }
     let mut selector = Selector::new(chain);
@@ -558,6 +710,24 @@ async fn llm(
         ctx,
     )
     .await?;
+    let resp = match (&prepared, plan.served) {
+        (Some(p), Some((served_protocol, upstream_keeps))) => {
+            let served = match (&ctx.upstream, served_protocol, upstream_keeps) {
+                (Some(up), Protocol::Responses, true) => stateful::Served::Upstream(up.clone()),
+                _ => stateful::Served::Kept,
+            };
+            stateful::finish(
+                gw.services.responses.clone(),
+                &principal.name,
+                p,
+                served,
+                resp,
+                gw.services.limits.max_event_bytes,
+            )
+            .await?
+        }
+        _ => resp,
+    };
     // The concurrency slot is held until the response's last byte.
     Ok(resp.map(|b| BodyExt::boxed(body::Guarded::new(b, hold))))
 }
@@ -596,6 +766,15 @@ async fn attempts(
         // happens before it is sent (a refusal, a spent budget, a client leaving in the pause).
         let inflight = rt.runtime.start(&pick.model, pick.index, pick.probe);
         let target = &pick.model.targets[pick.index];
+        if plan
+            .pinned
+            .as_deref()
+            .is_some_and(|p| p != target.upstream.name)
+        {
+            // Another upstream does not know the conversation this request continues.
+            selector.exclude(&pick);
+            continue;
+        }
         let encoded = match plan.encode(target, &pick.name) {
             Ok(e) => e,
             Err(e) => {
@@ -679,6 +858,8 @@ async fn attempts(
                             }
                             _ => resp,
                         };
+                        plan.served =
+                            Some((encoded.protocol, target.upstream.kind != UpstreamKind::Mock));
                         let resp =
                             respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
                         return Ok(with_guard(resp, inflight));

@@ -23,6 +23,14 @@ pub struct Plan<'b> {
     decoded: Option<Result<Decoded, GatewayError>>,
     /// The key's limits count tokens, so every reply must report its usage.
     pub needs_usage: bool,
+    /// A responses client's `previous_response_id` that was expanded out of the body, for the
+    /// translated reply to echo.
+    pub echo_previous: Option<String>,
+    /// Only this upstream may serve the request: it keeps the conversation it continues.
+    pub pinned: Option<String>,
+    /// The protocol of the target that answered, and whether that upstream keeps responses
+    /// itself (a real upstream, not the built-in mock); set when an answer is returned.
+    pub served: Option<(Protocol, bool)>,
 }
 
 /// How the reply to an encoded request comes back to the client.
@@ -72,6 +80,9 @@ impl<'b> Plan<'b> {
             chat,
             decoded: None,
             needs_usage: false,
+            echo_previous: None,
+            pinned: None,
+            served: None,
         })
     }
 
@@ -131,9 +142,17 @@ impl<'b> Plan<'b> {
             });
         }
         let (client, bytes, client_model) = (self.client, self.bytes, self.client_model);
+        let previous = self.echo_previous.as_deref();
         let decoded = self
             .decoded
-            .get_or_insert_with(|| Decoded::new(client, bytes, client_model))
+            .get_or_insert_with(|| {
+                Decoded::new(client, bytes, client_model).map(|mut d| {
+                    if let Some(id) = previous {
+                        d.echo_previous_response_id(id);
+                    }
+                    d
+                })
+            })
             .as_mut()
             .map_err(|e| e.clone())?;
         let (body, translation) = decoded.encode(protocol, target, name)?;

@@ -196,6 +196,14 @@ impl Decoded {
         })
     }
 
+    /// Makes a responses client's replies echo the `previous_response_id` the pipeline expanded
+    /// out of the body.
+    pub fn echo_previous_response_id(&mut self, id: &str) {
+        if let ClientContext::Responses(c) = &mut self.context {
+            Arc::make_mut(&mut c.echo).previous_response_id = Some(crate::json::to_raw(id));
+        }
+    }
+
     /// The upstream body for `target` (speaking `upstream`) and the reply side of the translation.
     pub fn encode(
         &mut self,

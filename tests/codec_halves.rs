@@ -561,7 +561,7 @@ fn decoders_name_the_wrong_field() {
             Protocol::Responses,
             r#"{"input": "hi", "previous_response_id": {}}"#,
             "previous_response_id",
-            "`previous_response_id` cannot be translated for this model's upstream: the gateway keeps no conversation store; send the whole input",
+            "`previous_response_id` cannot be translated for this model's upstream: the conversation is kept by the responses upstream that served it; send the whole input",
         ),
         (
             Protocol::Responses,

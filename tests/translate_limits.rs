@@ -125,22 +125,10 @@ fn refusals() -> Vec<(&'static str, &'static str, Value, &'static str)> {
             "stop_sequences",
         ),
         (
-            "responses previous_response_id to chat",
-            "/v1/responses",
-            json!({"model": "to-chat", "input": "hi", "previous_response_id": "resp_1"}),
-            "previous_response_id",
-        ),
-        (
             "responses built-in tool to messages",
             "/v1/responses",
             json!({"model": "to-messages", "input": "hi", "tools": [{"type": "web_search"}]}),
             "tools[0]",
-        ),
-        (
-            "responses item_reference to chat",
-            "/v1/responses",
-            json!({"model": "to-chat", "input": [{"type": "item_reference", "id": "msg_1"}]}),
-            "input[0].type",
         ),
         (
             "responses image by file_id to chat",

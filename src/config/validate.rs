@@ -72,6 +72,8 @@ struct RawLog {
 struct RawStore {
     redis_url_env: Option<String>,
     on_error: Option<String>,
+    responses_ttl_s: Option<i64>,
+    responses_max_mb: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -601,10 +603,37 @@ fn validate_store(
             }
         }
     });
+    // A zero TTL or cap would store nothing while promising GET and previous_response_id.
+    let mut positive = |value: Option<i64>, name: &str, default: u64, max: u64| match value {
+        None => default,
+        Some(v) if v >= 1 && v.unsigned_abs() <= max => v.unsigned_abs(),
+        Some(v) => {
+            errors.push(
+                format!("store.{name}"),
+                format!("must be between 1 and {max}; got {v}"),
+            );
+            default
+        }
+    };
+    // A year, and a terabyte: far past any sane value, low enough that no arithmetic overflows.
+    let ttl_s = positive(
+        raw.responses_ttl_s,
+        "responses_ttl_s",
+        crate::config::DEFAULT_RESPONSES_TTL_S,
+        365 * 86_400,
+    );
+    let max_mb = positive(
+        raw.responses_max_mb,
+        "responses_max_mb",
+        crate::config::DEFAULT_RESPONSES_MAX_MB,
+        1 << 20,
+    );
     StoreSettings {
         redis_url,
         redis_url_env: raw.redis_url_env,
         on_error,
+        responses_ttl: std::time::Duration::from_secs(ttl_s),
+        responses_max_bytes: max_mb * 1024 * 1024,
     }
 }
 

@@ -232,6 +232,44 @@ impl RedisStore {
             .await
     }
 
+    /// Writes every `(key, value)` with one expiry, all or none (MULTI/EXEC): a stored response
+    /// and its item index appear together.
+    pub async fn set_all(
+        &self,
+        entries: &[(String, String)],
+        ttl_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.atomic();
+        for (k, v) in entries {
+            pipe.cmd("SET")
+                .arg(k)
+                .arg(v)
+                .arg("PX")
+                .arg(ttl(ttl_ms.max(1)))
+                .ignore();
+        }
+        self.bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+            .await
+    }
+
+    /// One string value, `None` when absent or expired.
+    pub async fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut cmd = ::redis::cmd("GET");
+        cmd.arg(key);
+        self.bounded(|mut conn| async move { cmd.query_async::<Option<String>>(&mut conn).await })
+            .await
+    }
+
+    /// Removes one key; true when it was there.
+    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let mut cmd = ::redis::cmd("DEL");
+        cmd.arg(key);
+        self.bounded(|mut conn| async move { cmd.query_async::<i64>(&mut conn).await })
+            .await
+            .map(|n| n > 0)
+    }
+
     /// Runs one request on the connection (connecting first if need be) within `CALL_TIMEOUT`.
     async fn bounded<T, F, Fut>(&self, request: F) -> Result<T, StoreError>
     where

@@ -169,6 +169,11 @@ pub struct Echo {
     /// `reasoning.effort` and `reasoning.summary` (C.3 echoes the request's `reasoning`).
     pub effort: Option<Box<RawValue>>,
     pub summary: Option<Box<RawValue>>,
+    pub store: Option<Box<RawValue>>,
+    pub previous_response_id: Option<Box<RawValue>>,
+    /// The reply is stored under its id (the client did not say `store: false`), so the id is
+    /// the gateway's own: an upstream's ids need not be unique across upstreams or restarts.
+    pub fresh_id: bool,
 }
 
 /// An echoed field as a value, or `default` when the client did not send it.
@@ -213,7 +218,10 @@ fn response_object(
             "parallel_tool_calls",
             echoed(&echo.parallel_tool_calls, Value::Bool(true)),
         ),
-        ("previous_response_id", Value::Null),
+        (
+            "previous_response_id",
+            echoed(&echo.previous_response_id, Value::Null),
+        ),
         (
             "reasoning",
             Value::Object(Map::from_iter([
@@ -221,7 +229,8 @@ fn response_object(
                 ("summary".to_owned(), echoed(&echo.summary, Value::Null)),
             ])),
         ),
-        ("store", Value::Bool(false)),
+        // Stored unless the client said otherwise (gateway.md §13).
+        ("store", echoed(&echo.store, Value::Bool(true))),
         ("temperature", echoed(&echo.temperature, Value::Null)),
         ("text", json!({"format": {"type": "text"}})),
         ("tool_choice", echoed(&echo.tool_choice, "auto".into())),
@@ -353,8 +362,13 @@ pub fn ir_to_response(
             last["status"] = json!("incomplete");
         }
     }
+    let id = if echo.fresh_id {
+        ir::mint_id("resp_")
+    } else {
+        reprefix(&r.id, "resp_")
+    };
     response_object(
-        Head(&reprefix(&r.id, "resp_"), r.created, client_model),
+        Head(&id, r.created, client_model),
         status,
         output,
         Some(&r.finish),

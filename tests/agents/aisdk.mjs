@@ -35,10 +35,9 @@ if (provider === "anthropic") {
 } else {
   model = createOpenAI({ baseURL, apiKey }).responses("gpt-5.5");
   providerOptions = { openai: { reasoningEffort: "low", reasoningSummary: "auto" } };
-  // The default `store: true` makes the SDK send the first turn's items back as
-  // `item_reference`s, which only a stateful Responses gateway can resolve (issue 9, point 3):
-  // kept for the responses upstream (passthrough), off toward the others.
-  if (process.env.UPSTREAM_KIND !== "responses") providerOptions.openai.store = false;
+  // The default `store: true`: the SDK sends the first turn's items back as `item_reference`s,
+  // which the gateway resolves from its own store toward chat and messages upstreams and leaves
+  // to a responses upstream (gateway.md §13).
 }
 
 const args = {

@@ -353,3 +353,63 @@ def test_models_list(client: openai.OpenAI) -> None:
 def test_models_list_shows_only_the_keys_models(gateway: str) -> None:
     with make_client(gateway, LIMITED_KEY) as limited:
         assert [m.id for m in limited.models.list()] == [INPROC_MODEL]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stateful Responses (gateway.md §13): the SDK's own calls for stored responses
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", CHAT_MODELS)
+def test_responses_are_stored_continued_listed_and_deleted(
+    client: openai.OpenAI, model: str
+) -> None:
+    first = client.responses.create(model=model, input="My name is Ada.")
+    assert first.store is True
+    second = client.responses.create(
+        model=model, previous_response_id=first.id, input="What is my name?"
+    )
+    assert second.previous_response_id == first.id
+    assert second.id != first.id
+
+    got = client.responses.retrieve(first.id)
+    assert got.id == first.id
+    assert got.output_text == first.output_text
+
+    # The second turn's input: the first turn's input and output, then its own; newest first.
+    items = client.responses.input_items.list(second.id)
+    assert len(items.data) == 3
+    assert items.data[0].type == "message" and items.data[0].role == "user"
+    assert items.data[0].content[0].text == "What is my name?"
+    assert items.data[1].role == "assistant"
+    assert items.data[2].content[0].text == "My name is Ada."
+    asc = client.responses.input_items.list(second.id, order="asc", limit=1)
+    assert [i.id for i in asc.data] == [items.data[2].id]
+    assert asc.has_more is True
+
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model=model, previous_response_id=first.id, input="again")
+    assert refused.value.code == "previous_response_not_found"
+    assert refused.value.param == "previous_response_id"
+    # The second response does not depend on its parent's record.
+    assert client.responses.retrieve(second.id).id == second.id
+
+
+def test_responses_store_false_is_not_kept(client: openai.OpenAI) -> None:
+    r = client.responses.create(model=INPROC_MODEL, input="hi", store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
+def test_responses_of_another_key_are_not_found(gateway: str, client: openai.OpenAI) -> None:
+    r = client.responses.create(model=INPROC_MODEL, input="mine")
+    with make_client(gateway, LIMITED_KEY) as other:
+        with pytest.raises(openai.NotFoundError):
+            other.responses.retrieve(r.id)
+        with pytest.raises(openai.NotFoundError):
+            other.responses.input_items.list(r.id)
+    assert client.responses.retrieve(r.id).id == r.id

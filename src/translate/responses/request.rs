@@ -21,6 +21,7 @@ lax_struct! {
     pub struct ResponsesRequest<'a> {
         pub previous_response_id: Loose<'a>,
         pub conversation: Loose<'a>,
+        pub store: Raw<'a>,
         pub instructions: Both<'a, Loose<'a>>,
         pub input: Loose<'a, Item<'a>>,
         pub tools: Both<'a, Loose<'a, ToolIn<'a>>>,
@@ -145,6 +146,10 @@ impl Echo {
             top_p: owned(v.top_p.raw),
             effort: owned(v.reasoning.effort.raw),
             summary: owned(v.reasoning.summary.0),
+            store: owned(v.store.0),
+            fresh_id: v.store.0.map_or(true, |s| s.get() != "false"),
+            // Set by the pipeline, which expands it out of the body before translating.
+            previous_response_id: None,
         }
     }
 }
@@ -319,6 +324,16 @@ fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), Gate
                 })],
             );
         }
+        // The pipeline replaced every reference the key's store knows; this one it does not.
+        "item_reference" => {
+            let id = item.id.get_str(|| at("id"))?.unwrap_or("");
+            let shown: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
+            return Err(GatewayError::new(
+                crate::error::ErrorKind::NotFound,
+                format!("Item with id '{shown}' not found."),
+            )
+            .with_param(at("id")));
+        }
         other => {
             return Err(unsupported(
                 &at("type"),
@@ -385,10 +400,12 @@ fn tool_description(own: Option<String>, namespace: &str) -> Option<String> {
 /// Reads and checks a responses request into the IR, refusing what the IR cannot hold.
 pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), GatewayError> {
     let v: ResponsesRequest = lax::parse_object(body)?;
+    // The pipeline expands a stored conversation before translating; one that is still here
+    // lives on a responses upstream, which this target is not.
     if !v.previous_response_id.is_none() {
         return Err(unsupported(
             "previous_response_id",
-            "the gateway keeps no conversation store; send the whole input",
+            "the conversation is kept by the responses upstream that served it; send the whole input",
         ));
     }
     if !v.conversation.is_none() {

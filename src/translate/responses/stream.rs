@@ -408,7 +408,7 @@ impl StreamEncoder {
         let output_index = self.output.len();
         match ev {
             Event::Start { id, created, .. } => {
-                if !id.is_empty() {
+                if !id.is_empty() && !self.echo.fresh_id {
                     self.id = reprefix(&id, "resp_");
                 }
                 self.created = created;

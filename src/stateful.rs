@@ -1,0 +1,693 @@
+//! Stateful Responses (gateway.md §13): what `/v1/responses` serves is kept per key, so `previous_response_id`, `item_reference` and `GET`/`DELETE /v1/responses/{id}` work whatever protocol the upstream speaks.
+//!
+//! Two kinds of record, both under the key that made them (another key's id is simply absent):
+//! - a translated response (chat or messages upstream, or the built-in mock): the gateway is the
+//!   only one that knows it, so it keeps the response object as served and the request's input
+//!   items (after expansion), and indexes every item id it holds for `item_reference`;
+//! - a passthrough response (a responses upstream): the upstream keeps it; the gateway only
+//!   remembers which upstream, so reads, deletes and follow-up turns go back there.
+//!
+//! `item_reference` is resolved through a per-key item index (item id → response id) rather
+//! than only within the `previous_response_id` chain, because the AI SDK sends references with
+//! its whole history and no `previous_response_id` at all.
+
+use std::future::Future as _;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::body::{self, Body, BoxError};
+use crate::config::StoreSettings;
+use crate::error::{ErrorKind, GatewayError};
+use crate::json::RawObject;
+use crate::sse::{SseDecoder, SseEvent};
+use crate::store::{RedisStore, StoreError};
+
+/// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
+const MAX_ID_LEN: usize = 256;
+
+/// What is kept for one response id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    /// Served by translation: the response object as the client got it, and its input items.
+    Translated { response: Value, input: Vec<Value> },
+    /// Served by a responses upstream, which keeps it itself.
+    Passthrough { upstream: String },
+}
+
+/// Where stored responses live: this process (bounded by bytes) or the limits' Redis.
+pub struct ResponseStore {
+    backend: Backend,
+    ttl: Duration,
+}
+
+enum Backend {
+    Local(moka::future::Cache<String, Arc<str>>),
+    Redis(Arc<RedisStore>),
+}
+
+/// The two kinds of entry: a response record, or an item id pointing at the response that holds it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Response,
+    Item,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Response => "resp",
+            Self::Item => "item",
+        }
+    }
+}
+
+impl ResponseStore {
+    /// In Redis when the limits use one (sharing its connection), else in this process.
+    pub fn new(settings: &StoreSettings, redis: Option<Arc<RedisStore>>) -> Self {
+        let backend = match redis {
+            Some(r) => Backend::Redis(r),
+            None => Backend::Local(
+                moka::future::Cache::builder()
+                    .max_capacity(settings.responses_max_bytes)
+                    .weigher(|k: &String, v: &Arc<str>| {
+                        u32::try_from(k.len() + v.len()).unwrap_or(u32::MAX)
+                    })
+                    .time_to_live(settings.responses_ttl)
+                    // The oldest conversations go first; TinyLFU's admission would instead
+                    // refuse a new response while old, rarely read ones stay.
+                    .eviction_policy(moka::policy::EvictionPolicy::lru())
+                    .build(),
+            ),
+        };
+        Self {
+            backend,
+            ttl: settings.responses_ttl,
+        }
+    }
+
+    fn local_key(key: &str, kind: Kind, id: &str) -> String {
+        // The key name's length first: no id a client sends can make one key's entry read as
+        // another key's, whatever characters either holds.
+        format!("{}:{key}:{}:{id}", key.len(), kind.name())
+    }
+
+    /// The same layout as the limits' keys: the gateway key is the cluster hash tag.
+    fn redis_key(key: &str, kind: Kind, id: &str) -> String {
+        format!("modelgate:{{{key}}}:{}:{id}", kind.name())
+    }
+
+    async fn get_raw(&self, key: &str, kind: Kind, id: &str) -> Result<Option<String>, StoreError> {
+        if id.is_empty() || id.len() > MAX_ID_LEN {
+            return Ok(None);
+        }
+        match &self.backend {
+            Backend::Local(c) => Ok(c
+                .get(&Self::local_key(key, kind, id))
+                .await
+                .map(|v| v.to_string())),
+            Backend::Redis(r) => r.get(&Self::redis_key(key, kind, id)).await,
+        }
+    }
+
+    /// The record of response `id` made by `key`, if it is still kept.
+    pub async fn get(&self, key: &str, id: &str) -> Result<Option<Record>, StoreError> {
+        match self.get_raw(key, Kind::Response, id).await? {
+            None => Ok(None),
+            Some(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| StoreError(format!("a stored response did not parse: {e}"))),
+        }
+    }
+
+    /// Keeps `record` as response `id` of `key`, and `items` as ids found in it.
+    pub async fn put(
+        &self,
+        key: &str,
+        id: &str,
+        record: &Record,
+        items: &[String],
+    ) -> Result<(), StoreError> {
+        if id.is_empty() || id.len() > MAX_ID_LEN {
+            return Err(StoreError(format!(
+                "a response id of {} bytes cannot be stored",
+                id.len()
+            )));
+        }
+        let text = serde_json::to_string(record)
+            .map_err(|e| StoreError(format!("a response could not be written: {e}")))?;
+        let items = items
+            .iter()
+            .filter(|i| !i.is_empty() && i.len() <= MAX_ID_LEN);
+        match &self.backend {
+            Backend::Local(c) => {
+                c.insert(Self::local_key(key, Kind::Response, id), Arc::from(text))
+                    .await;
+                let id: Arc<str> = Arc::from(id);
+                for item in items {
+                    c.insert(Self::local_key(key, Kind::Item, item), id.clone())
+                        .await;
+                }
+                // Evictions are applied now rather than on some later call, so the cap holds
+                // as soon as a response is stored.
+                c.run_pending_tasks().await;
+                Ok(())
+            }
+            Backend::Redis(r) => {
+                let mut entries = vec![(Self::redis_key(key, Kind::Response, id), text)];
+                entries.extend(
+                    items.map(|item| (Self::redis_key(key, Kind::Item, item), id.to_owned())),
+                );
+                let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+                r.set_all(&entries, ttl_ms).await
+            }
+        }
+    }
+
+    /// Forgets response `id` of `key`; true when it was kept. Its item index entries expire on
+    /// their own: they point at a record that is gone, which reads as unknown.
+    pub async fn delete(&self, key: &str, id: &str) -> Result<bool, StoreError> {
+        if id.is_empty() || id.len() > MAX_ID_LEN {
+            return Ok(false);
+        }
+        match &self.backend {
+            Backend::Local(c) => Ok(c
+                .remove(&Self::local_key(key, Kind::Response, id))
+                .await
+                .is_some()),
+            Backend::Redis(r) => r.delete(&Self::redis_key(key, Kind::Response, id)).await,
+        }
+    }
+
+    /// The stored item with id `item` among `key`'s translated responses.
+    pub async fn item(&self, key: &str, item: &str) -> Result<Option<Value>, StoreError> {
+        let Some(response_id) = self.get_raw(key, Kind::Item, item).await? else {
+            return Ok(None);
+        };
+        Ok(match self.get(key, &response_id).await? {
+            Some(Record::Translated { response, input }) => find_item(&response, &input, item),
+            _ => None,
+        })
+    }
+}
+
+/// An item by id among a translated response's input and output items.
+fn find_item(response: &Value, input: &[Value], id: &str) -> Option<Value> {
+    let output = response
+        .get("output")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    input
+        .iter()
+        .chain(output)
+        .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
+        .cloned()
+}
+
+/// The items a translated response continues from: its input, then its output, in order.
+fn history(response: &Value, input: Vec<Value>) -> Vec<Value> {
+    let mut items = input;
+    if let Some(output) = response.get("output").and_then(Value::as_array) {
+        items.extend(output.iter().cloned());
+    }
+    items
+}
+
+/// A responses request after its stored state was looked up.
+pub struct Prepared {
+    /// The body to plan with: the client's, or one with the conversation expanded in.
+    pub body: Bytes,
+    /// True when `body` is not the client's.
+    pub rewritten: bool,
+    /// The client's `store` (default true).
+    pub store: bool,
+    /// The client's `previous_response_id`, echoed in the reply.
+    pub previous: Option<String>,
+    /// The upstream that holds the previous (passthrough) response: only it can continue it.
+    pub pinned: Option<String>,
+    /// Input items from this index on are the request's own (before: expanded history).
+    own_from: usize,
+}
+
+fn store_failed(e: &StoreError) -> GatewayError {
+    tracing::warn!(error = %e, "the response store failed");
+    GatewayError::new(
+        ErrorKind::StoreUnavailable,
+        "the response store is unreachable; try again shortly",
+    )
+}
+
+/// Reads `store` and `previous_response_id`, and when the request refers to stored state,
+/// writes the stored items into its `input`: a translated previous response's input and output
+/// before the request's own items, and each `item_reference` the key's store knows replaced by
+/// its item. References it does not know are left for a responses upstream (which may hold
+/// them) or refused by the translator with a 404.
+pub async fn prepare(
+    store: &ResponseStore,
+    key: &str,
+    bytes: &Bytes,
+    obj: &RawObject<'_>,
+) -> Result<Prepared, GatewayError> {
+    let flag = match obj.get_present("store").map(|r| r.get()) {
+        None | Some("null" | "true") => true,
+        Some("false") => false,
+        Some(_) => return Err(GatewayError::invalid("store", "`store` must be a boolean")),
+    };
+    let previous = match obj.get_present("previous_response_id") {
+        None => None,
+        Some(raw) if raw.get() == "null" => None,
+        Some(raw) => match serde_json::from_str::<String>(raw.get()) {
+            Ok(s) => Some(s),
+            Err(_) => {
+                return Err(GatewayError::invalid(
+                    "previous_response_id",
+                    "`previous_response_id` must be a string",
+                ))
+            }
+        },
+    };
+    let mut prepared = Prepared {
+        body: bytes.clone(),
+        rewritten: false,
+        store: flag,
+        previous: previous.clone(),
+        pinned: None,
+        own_from: 0,
+    };
+    let input_raw = obj.get_present("input").map(|r| r.get());
+    let references =
+        input_raw.is_some_and(|t| memchr::memmem::find(t.as_bytes(), b"item_reference").is_some());
+    if previous.is_none() && !references {
+        return Ok(prepared);
+    }
+    let mut items: Vec<Value> = Vec::new();
+    if let Some(id) = &previous {
+        match store.get(key, id).await.map_err(|e| store_failed(&e))? {
+            None => {
+                return Err(GatewayError::new(
+                    ErrorKind::PreviousResponseNotFound,
+                    format!("Previous response with id '{}' not found.", printable(id)),
+                )
+                .with_param("previous_response_id"))
+            }
+            Some(Record::Passthrough { upstream }) => prepared.pinned = Some(upstream),
+            Some(Record::Translated { response, input }) => items = history(&response, input),
+        }
+    }
+    // A passthrough conversation lives upstream: its references are the upstream's too.
+    if prepared.pinned.is_some() {
+        return Ok(prepared);
+    }
+    prepared.own_from = items.len();
+    let own = match input_raw.map(serde_json::from_str::<Value>) {
+        None => Vec::new(),
+        Some(Ok(Value::String(s))) => vec![user_message(s)],
+        Some(Ok(Value::Array(a))) => a,
+        // Anything else is the translator's to refuse, with its own message.
+        Some(_) if previous.is_none() => return Ok(prepared),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "input",
+                "`input` must be a string or an array of items",
+            ))
+        }
+    };
+    for mut item in own {
+        if item.get("type").and_then(Value::as_str) == Some("item_reference") {
+            if let Some(id) = item.get("id").and_then(Value::as_str) {
+                let found = match items
+                    .iter()
+                    .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
+                {
+                    Some(i) => Some(i.clone()),
+                    None => store.item(key, id).await.map_err(|e| store_failed(&e))?,
+                };
+                if let Some(found) = found {
+                    item = found;
+                }
+            }
+        }
+        items.push(item);
+    }
+    let mut body = obj.clone();
+    body.remove("previous_response_id");
+    body.set("input", crate::json::to_raw(&items));
+    prepared.body = Bytes::from(body.to_vec());
+    prepared.rewritten = true;
+    Ok(prepared)
+}
+
+/// An id as it may appear in a message: printable and bounded, whatever the client sent.
+fn printable(id: &str) -> String {
+    id.chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_ID_LEN)
+        .collect()
+}
+
+fn user_message(text: String) -> Value {
+    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+}
+
+/// The input items to keep for a translated response: the (expanded) request's `input`, each
+/// given an id when it has none so `input_items` can page through them.
+fn input_items(body: &[u8]) -> Vec<Value> {
+    let input = RawObject::parse(body)
+        .ok()
+        .and_then(|o| o.get_present("input").map(|r| r.get().to_owned()));
+    let mut items = match input.as_deref().map(serde_json::from_str::<Value>) {
+        Some(Ok(Value::String(s))) => vec![user_message(s)],
+        Some(Ok(Value::Array(a))) => a,
+        _ => Vec::new(),
+    };
+    for item in &mut items {
+        if let Some(obj) = item.as_object_mut() {
+            if !obj.get("id").is_some_and(Value::is_string) {
+                let prefix = match obj.get("type").and_then(Value::as_str) {
+                    None | Some("message") => "msg_",
+                    Some(_) => "item_",
+                };
+                obj.insert("id".to_owned(), Value::String(crate::ir::mint_id(prefix)));
+            }
+            // An easy-form message reads back in the full form OpenAI lists.
+            obj.entry("type").or_insert_with(|| Value::from("message"));
+        }
+    }
+    items
+}
+
+/// How the answer to a responses request was produced.
+pub enum Served {
+    /// Translated here (or by the mock): the gateway keeps it.
+    Kept,
+    /// Passed through to this responses upstream, which keeps it.
+    Upstream(String),
+}
+
+/// What storing one answer needs once its final response object is known.
+struct Job {
+    store: Arc<ResponseStore>,
+    key: String,
+    served: Served,
+    body: Bytes,
+    own_from: usize,
+}
+
+impl Job {
+    async fn record(self, response: Value) {
+        let Some(id) = response
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            tracing::warn!("a responses answer had no id; not stored");
+            return;
+        };
+        let (record, items) = match self.served {
+            Served::Upstream(upstream) => (Record::Passthrough { upstream }, Vec::new()),
+            Served::Kept => {
+                let input = input_items(&self.body);
+                let mut items: Vec<String> = input
+                    .iter()
+                    .skip(self.own_from)
+                    .chain(
+                        response
+                            .get("output")
+                            .and_then(Value::as_array)
+                            .map_or(&[][..], Vec::as_slice),
+                    )
+                    .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_owned))
+                    .collect();
+                items.dedup();
+                (Record::Translated { response, input }, items)
+            }
+        };
+        if let Err(e) = self.store.put(&self.key, &id, &record, &items).await {
+            tracing::warn!(key = %self.key, error = %e, "a response was not stored");
+        }
+    }
+
+    /// Stores in a task of its own (it finishes even if the client leaves); the receiver
+    /// says when it is done.
+    fn spawn(self, response: Value) -> Option<oneshot::Receiver<()>> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, rx) = oneshot::channel();
+        // Detached on purpose: the store write is bounded by the store's own timeout, and a
+        // client that hung up after `response.completed` should still find its response.
+        handle.spawn(async move {
+            self.record(response).await;
+            let _ = tx.send(());
+        });
+        Some(rx)
+    }
+}
+
+/// Keeps what a successful `/v1/responses` answer served, unless the client said `store: false`.
+/// A JSON answer is read whole and stored before it is sent; a stream is stored at its
+/// terminal event, which reaches the client only once the store has it, so a next turn sent
+/// on `response.completed` finds it.
+pub async fn finish(
+    store: Arc<ResponseStore>,
+    key: &str,
+    prepared: &Prepared,
+    served: Served,
+    resp: Response<Body>,
+    max_event_bytes: usize,
+) -> Result<Response<Body>, GatewayError> {
+    if !prepared.store || !resp.status().is_success() {
+        return Ok(resp);
+    }
+    let job = Job {
+        store,
+        key: key.to_owned(),
+        served,
+        body: prepared.body.clone(),
+        own_from: prepared.own_from,
+    };
+    let stream = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if stream {
+        return Ok(resp.map(|b| BodyExt::boxed(Tap::new(b, job, max_event_bytes))));
+    }
+    let (mut parts, inner) = resp.into_parts();
+    let bytes = inner
+        .collect()
+        .await
+        .map_err(|e| {
+            GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                format!("reading the upstream reply: {e}"),
+            )
+        })?
+        .to_bytes();
+    // A passthrough answer needs only its id: read that, not the whole tree.
+    #[derive(Deserialize)]
+    struct IdOnly {
+        id: String,
+    }
+    let value = match &job.served {
+        Served::Upstream(_) => serde_json::from_slice::<IdOnly>(&bytes)
+            .ok()
+            .map(|v| json!({"id": v.id})),
+        Served::Kept => serde_json::from_slice::<Value>(&bytes).ok(),
+    };
+    if let Some(value) = value {
+        job.record(value).await;
+    }
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    Ok(Response::from_parts(parts, body::full(bytes)))
+}
+
+/// A responses event stream passed on frame by frame; its terminal event's response is stored
+/// before the frame that carries it goes out.
+struct Tap {
+    inner: Body,
+    decoder: SseDecoder,
+    events: Vec<SseEvent>,
+    job: Option<Job>,
+    waiting: Option<(oneshot::Receiver<()>, Frame<Bytes>)>,
+}
+
+impl Tap {
+    fn new(inner: Body, job: Job, max_event: usize) -> Self {
+        Self {
+            inner,
+            decoder: SseDecoder::with_limit(max_event),
+            events: Vec::new(),
+            job: Some(job),
+            waiting: None,
+        }
+    }
+}
+
+const TERMINAL: [&str; 3] = [
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+];
+
+/// The response object of a terminal event, if `ev` is one.
+fn terminal(ev: &SseEvent) -> Option<Value> {
+    let named = ev.event.as_deref().is_some_and(|e| TERMINAL.contains(&e));
+    if !named && !TERMINAL.iter().any(|t| ev.data.contains(t)) {
+        return None;
+    }
+    let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+    let kind = v.get("type").and_then(Value::as_str)?;
+    if !TERMINAL.contains(&kind) {
+        return None;
+    }
+    Some(v.get_mut("response")?.take())
+}
+
+impl HttpBody for Tap {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some((rx, _)) = &mut this.waiting {
+            // Done or dropped alike: the frame goes out either way.
+            let _ = std::task::ready!(std::pin::Pin::new(rx).poll(cx));
+            if let Some((_, frame)) = this.waiting.take() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+        }
+        let frame = match std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            other => return Poll::Ready(other),
+        };
+        if let (Some(data), true) = (frame.data_ref(), this.job.is_some()) {
+            this.events.clear();
+            if this.decoder.feed(data, &mut this.events).is_err() {
+                // Too large to read: the stream still flows, unstored.
+                this.job = None;
+            }
+            let response = this.events.iter().find_map(terminal);
+            if let Some(response) = response {
+                if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
+                    this.waiting = Some((rx, frame));
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.waiting.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// `GET /v1/responses/{id}/input_items` over a translated response's stored input, in
+/// OpenAI's list shape: newest first unless `order=asc`, `limit` 1–100 (20), after `after`.
+pub fn input_items_page(input: &[Value], query: Option<&str>) -> Result<Value, GatewayError> {
+    let mut limit = 20usize;
+    let mut asc = false;
+    let mut after: Option<String> = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=100).contains(l))
+                    .ok_or_else(|| {
+                        GatewayError::invalid("limit", "`limit` must be an integer from 1 to 100")
+                    })?
+            }
+            "order" => {
+                asc = match value {
+                    "asc" => true,
+                    "desc" => false,
+                    _ => {
+                        return Err(GatewayError::invalid(
+                            "order",
+                            "`order` must be asc or desc",
+                        ))
+                    }
+                }
+            }
+            "after" => after = Some(value.to_owned()),
+            // OpenAI's `include` adds optional fields the stored items already carry or lack.
+            _ => {}
+        }
+    }
+    let mut ordered: Vec<&Value> = input.iter().collect();
+    if !asc {
+        ordered.reverse();
+    }
+    let start = match &after {
+        None => 0,
+        Some(a) => {
+            ordered
+                .iter()
+                .position(|i| i.get("id").and_then(Value::as_str) == Some(a.as_str()))
+                .ok_or_else(|| {
+                    GatewayError::invalid(
+                        "after",
+                        format!("no input item with id '{}'", printable(a)),
+                    )
+                })?
+                + 1
+        }
+    };
+    let page: Vec<Value> = ordered
+        .iter()
+        .skip(start)
+        .take(limit)
+        .map(|v| (*v).clone())
+        .collect();
+    let id_of = |v: Option<&Value>| v.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
+    Ok(json!({
+        "object": "list",
+        "data": page,
+        "first_id": id_of(page.first()),
+        "last_id": id_of(page.last()),
+        "has_more": start + limit < ordered.len(),
+    }))
+}
+
+/// A JSON answer of the gateway's own.
+pub fn json_response(value: &Value) -> Response<Body> {
+    let mut resp = Response::new(body::full(value.to_string()));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The 404 for a response id the key has no record of.
+pub fn not_found(id: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::NotFound,
+        format!("Response with id '{}' not found.", printable(id)),
+    )
+}
+
+/// A store failure on the read path, without the store's details.
+pub fn unavailable(e: &StoreError) -> GatewayError {
+    store_failed(e)
+}
