@@ -26,7 +26,22 @@ const MAX_DEPTH: u32 = 6;
 
 /// Numbers where the validators' ranges and integer conversions have their edges.
 const EDGE_NUMBERS: &[f64] = &[
-    0.0, -0.0, 1.0, -1.0, 0.5, 1.5, 2.0, 2.5, 4.0, 20.0, 128.0, 129.0, 1e9, 1e300, -1e300, 9.007_199_254_740_993e15,
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    1.5,
+    2.0,
+    2.5,
+    4.0,
+    20.0,
+    128.0,
+    129.0,
+    1e9,
+    1e300,
+    -1e300,
+    9.007_199_254_740_993e15,
 ];
 
 fn word(u: &mut Unstructured) -> Result<String> {
@@ -210,4 +225,3 @@ pub fn stream_bytes(u: &mut Unstructured, upstream: Protocol) -> Result<Vec<u8>>
     }
     Ok(out)
 }
-

@@ -154,7 +154,11 @@ pub fn fixtures() -> &'static Fixtures {
                 .collect();
             cases.sort();
             for case in cases {
-                for file in ["upstream_request.json", "upstream_reply.json", "client_reply.json"] {
+                for file in [
+                    "upstream_request.json",
+                    "upstream_reply.json",
+                    "client_reply.json",
+                ] {
                     if let Ok(text) = std::fs::read_to_string(case.join(file)) {
                         if let Ok(v) = serde_json::from_str::<Value>(&text) {
                             collect_words(&v, &mut words);
@@ -447,7 +451,10 @@ pub fn check_client_stream(client: Protocol, out: &[u8], input_len: usize) {
         out.len()
     );
     let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("not UTF-8 ({e}): {}", show()));
-    assert!(text.ends_with("\n\n"), "does not end with a whole event: {text}");
+    assert!(
+        text.ends_with("\n\n"),
+        "does not end with a whole event: {text}"
+    );
     for line in text.split('\n') {
         assert!(
             line.is_empty() || line.starts_with("event: ") || line.starts_with("data: "),
@@ -491,6 +498,8 @@ pub fn check_client_stream(client: Protocol, out: &[u8], input_len: usize) {
             Some("response.completed" | "response.incomplete" | "response.failed" | "error")
         ),
     };
-    assert!(terminal, "the stream does not end with its terminal event:\n{text}");
+    assert!(
+        terminal,
+        "the stream does not end with its terminal event:\n{text}"
+    );
 }
-
