@@ -314,15 +314,15 @@ fn check_refusal(what: &str, e: &modelgate::error::GatewayError) {
     );
 }
 
-/// A written upstream body must be one JSON object.
+/// A written upstream body must be one JSON object. Read as raw values, not a `Value` tree: a
+/// number beyond f64 (`1E400`) is valid JSON that `Value` refuses, and passthrough forwards it
+/// as the client sent it.
 fn check_body(what: &str, body: &[u8]) {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(_)) => {}
-        Ok(other) => panic!("{what}: the upstream body is not an object: {other}"),
-        Err(e) => panic!(
-            "{what}: the upstream body is not JSON ({e}): {}",
+    if let Err(e) = RawObject::parse(body) {
+        panic!(
+            "{what}: the upstream body is not one JSON object ({e}): {}",
             String::from_utf8_lossy(body)
-        ),
+        );
     }
 }
 
