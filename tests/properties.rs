@@ -317,3 +317,64 @@ fn harness_covers_every_pair() {
         );
     }
 }
+
+/// Regression (stream_json crash-9dc43552): an upstream reporting usage near u64::MAX made
+/// `Usage::prompt_total` overflow (a panic in debug builds, a wrapped total in release) while a
+/// responses client's stream was written; every sum of upstream token counts now saturates, the
+/// limiter's included.
+#[test]
+fn usage_near_u64_max_saturates() {
+    let max = u64::MAX;
+    let streams = [
+        (
+            modelgate::config::Protocol::Chat,
+            format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":{max},\"completion_tokens\":{max},\"prompt_tokens_details\":{{\"cached_tokens\":{max},\"cache_write_tokens\":{max}}}}}}}\n\ndata: [DONE]\n\n"
+            ),
+        ),
+        (
+            modelgate::config::Protocol::Messages,
+            format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"usage\":{{\"input_tokens\":{max},\"cache_read_input_tokens\":{max},\"cache_creation_input_tokens\":{max},\"output_tokens\":1}}}}}}\n\nevent: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{{\"output_tokens\":{max}}}}}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+            ),
+        ),
+        (
+            modelgate::config::Protocol::Responses,
+            format!(
+                "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"model\":\"m\",\"output\":[],\"usage\":{{\"input_tokens\":{max},\"input_tokens_details\":{{\"cached_tokens\":{max},\"cache_write_tokens\":{max}}},\"output_tokens\":{max},\"total_tokens\":{max}}}}}}}\n\n"
+            ),
+        ),
+    ];
+    let mut checked = 0;
+    for (i, (client, upstream)) in pairs().into_iter().enumerate() {
+        let Some((_, stream)) = streams.iter().find(|(p, _)| *p == upstream) else {
+            continue;
+        };
+        for t in &translations()[i] {
+            let mut st = modelgate::translate::StreamTranslator::new(t);
+            let mut out = Vec::new();
+            st.feed(stream.as_bytes(), &mut out);
+            st.finish(&mut out);
+            check_client_stream(client, &out, stream.len());
+            // Messages and responses clients always get usage (chat ones only when they ask).
+            let text = String::from_utf8(out).unwrap();
+            if client != modelgate::config::Protocol::Chat {
+                assert!(
+                    text.contains(&max.to_string()),
+                    "{} → {}: no saturated count in\n{text}",
+                    client.name(),
+                    upstream.name()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 9, "only {checked} translations checked");
+    assert_eq!(modelgate::store::tokens_in_window(max, max, 1), max);
+    let tokens = modelgate::observe::Tokens {
+        input: max,
+        output: max,
+        cached: 0,
+    };
+    assert_eq!(tokens.total(), max);
+}
