@@ -135,7 +135,7 @@ async fn upstream_reply(
             .unwrap());
     }
     // A cut stream stops halfway with an error, which hyper turns into a broken connection.
-    let cut = (roll < 10).then(|| answers.events.len() / 2);
+    let cut = (roll < 10).then_some(answers.events.len() / 2);
     let events = answers.events.clone();
     let frames = futures_util::stream::unfold(0usize, move |i| {
         let events = events.clone();

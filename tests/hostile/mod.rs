@@ -84,12 +84,15 @@ pub fn model_for(upstream: Protocol) -> &'static Model {
 // Fixtures: seeds and dictionary
 // ---------------------------------------------------------------------------------------------
 
+/// An event stream as its events: (event name, data).
+pub type Events = Vec<(Option<String>, String)>;
+
 /// The golden fixtures, read once.
 pub struct Fixtures {
     /// Client request bodies, by client protocol.
     pub requests: Vec<(Protocol, Value)>,
     /// Upstream event streams, by upstream protocol, as (event name, data) pairs.
-    pub streams: Vec<(Protocol, Vec<(Option<String>, String)>)>,
+    pub streams: Vec<(Protocol, Events)>,
     /// Every object key and every short string value the fixtures use.
     pub words: Vec<String>,
     /// Every event name of the upstream streams.
