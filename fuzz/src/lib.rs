@@ -157,13 +157,13 @@ pub fn request_value(u: &mut Unstructured, client: Protocol) -> Result<Value> {
 /// An upstream stream of `upstream`'s protocol: a fixture stream whose events are mutated,
 /// dropped, repeated or replaced, written out as SSE bytes.
 pub fn stream_bytes(u: &mut Unstructured, upstream: Protocol) -> Result<Vec<u8>> {
-    let seeds: Vec<&Vec<(Option<String>, String)>> = fixtures()
+    let seeds: Vec<&Events> = fixtures()
         .streams
         .iter()
         .filter(|(p, _)| *p == upstream)
         .map(|(_, s)| s)
         .collect();
-    let mut events: Vec<(Option<String>, String)> = if seeds.is_empty() {
+    let mut events: Events = if seeds.is_empty() {
         Vec::new()
     } else {
         (*u.choose(&seeds)?).clone()
