@@ -194,8 +194,16 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Saturates: the counts are the upstream's word, and an upstream may send any u64.
     pub fn prompt_total(&self) -> u64 {
-        self.input + self.cache_read + self.cache_write
+        self.input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write)
+    }
+
+    /// The whole prompt and the output, saturating like `prompt_total`.
+    pub fn total(&self) -> u64 {
+        self.prompt_total().saturating_add(self.output)
     }
 }
 

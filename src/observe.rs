@@ -30,7 +30,8 @@ pub struct Tokens {
 
 impl Tokens {
     pub fn total(&self) -> u64 {
-        self.input + self.output
+        // Upstream-reported counts: any u64 may come, and a wrapped sum would charge almost nothing.
+        self.input.saturating_add(self.output)
     }
 }
 

@@ -144,7 +144,9 @@ pub fn requests_window(tat_ms: u64, rpm: u32, now_ms: u64) -> Window {
 /// share of it still inside the window.
 pub fn tokens_in_window(current: u64, previous: u64, now_ms: u64) -> u64 {
     let into = now_ms % MINUTE_MS;
-    current + previous * (MINUTE_MS - into) / MINUTE_MS
+    // In u128: an upstream can report any u64 of usage, and the product must not wrap.
+    let weighted = u128::from(previous) * u128::from(MINUTE_MS - into) / u128::from(MINUTE_MS);
+    current.saturating_add(u64::try_from(weighted).unwrap_or(u64::MAX))
 }
 
 /// The tokens window for the headers: until the previous minute has slid out entirely.

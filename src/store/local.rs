@@ -102,12 +102,12 @@ impl LocalStore {
                 };
                 s.minutes[0] = (minute, 0);
             }
-            s.minutes[0].1 += tokens;
+            s.minutes[0].1 = s.minutes[0].1.saturating_add(tokens);
             let day = now_ms / DAY_MS;
             if s.day.0 != day {
                 s.day = (day, 0);
             }
-            s.day.1 += tokens;
+            s.day.1 = s.day.1.saturating_add(tokens);
         });
     }
 

@@ -39,7 +39,7 @@ pub fn usage_from(u: &Value) -> Usage {
     let cache_read = n("/prompt_tokens_details/cached_tokens");
     let cache_write = n("/prompt_tokens_details/cache_write_tokens");
     Usage {
-        input: prompt.saturating_sub(cache_read + cache_write),
+        input: prompt.saturating_sub(cache_read.saturating_add(cache_write)),
         cache_read,
         cache_write,
         output: n("/completion_tokens"),
@@ -55,7 +55,7 @@ pub fn usage_json(u: &Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_total(),
         "completion_tokens": u.output,
-        "total_tokens": u.prompt_total() + u.output,
+        "total_tokens": u.total(),
         "prompt_tokens_details": details,
         "completion_tokens_details": {"reasoning_tokens": u.reasoning},
     })

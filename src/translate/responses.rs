@@ -43,7 +43,7 @@ pub(crate) fn usage_from(u: &Value) -> Usage {
     let cache_read = n("/input_tokens_details/cached_tokens");
     let cache_write = n("/input_tokens_details/cache_write_tokens");
     Usage {
-        input: n("/input_tokens").saturating_sub(cache_read + cache_write),
+        input: n("/input_tokens").saturating_sub(cache_read.saturating_add(cache_write)),
         cache_read,
         cache_write,
         output: n("/output_tokens"),
@@ -59,7 +59,7 @@ fn usage_json(u: &Usage) -> Value {
     }
     json!({"input_tokens": u.prompt_total(), "input_tokens_details": details,
         "output_tokens": u.output, "output_tokens_details": {"reasoning_tokens": u.reasoning},
-        "total_tokens": u.prompt_total() + u.output})
+        "total_tokens": u.total()})
 }
 
 fn finish_from(resp: &Value) -> Finish {

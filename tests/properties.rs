@@ -1,0 +1,380 @@
+//! Property tests over the hostile-input surfaces (gateway.md §14): the SSE decoder, every request decoder with the validation the pipeline runs, every stream translator; a CI-sized sibling of the fuzz targets in `fuzz/`, with the same invariants (`hostile/`).
+//!
+//! `PROPTEST_CASES=10000 cargo test --release --test properties` runs them longer.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a broken property should fail the test loudly"
+)]
+
+mod hostile;
+
+use hostile::*;
+use proptest::prelude::*;
+use serde_json::{Map, Value};
+
+/// A few hundred cases each, unless PROPTEST_CASES says otherwise: the file stays well under a
+/// minute in a debug build.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+// === strategies ===
+
+/// Pieces of event-stream text, with every kind of line end and field the decoder tells apart.
+fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let token = prop_oneof![
+        Just(b"data: ".to_vec()),
+        Just(b"data:".to_vec()),
+        Just(b"event: ".to_vec()),
+        Just(b"event".to_vec()),
+        Just(b"id: 1".to_vec()),
+        Just(b":".to_vec()),
+        Just(b" ".to_vec()),
+        Just(b"\n".to_vec()),
+        Just(b"\r".to_vec()),
+        Just(b"\r\n".to_vec()),
+        Just(b"\n\n".to_vec()),
+        Just(b"{\"type\":\"x\"}".to_vec()),
+        Just("é".as_bytes().to_vec()),
+        Just(vec![0xff]),
+        any::<u8>().prop_map(|b| vec![b]),
+        "[a-z]{0,6}".prop_map(String::into_bytes),
+    ];
+    prop::collection::vec(token, 0..64).prop_map(|t| t.concat())
+}
+
+/// A protocol word from the fixtures (keys, values, event names), or now and then any string.
+fn word() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(fixtures().words.clone()),
+        1 => any::<String>(),
+    ]
+}
+
+/// JSON trees whose keys and strings are mostly protocol words.
+fn json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        (-3i64..130).prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        word().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((word(), inner), 0..5)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+/// One edit of a JSON tree: the node reached by following `path` (each step an index into the
+/// current node's children, modulo their number), then `op` applied there with `key`/`value`.
+#[derive(Debug, Clone)]
+struct Edit {
+    path: Vec<usize>,
+    op: u8,
+    key: String,
+    value: Value,
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    (
+        prop::collection::vec(any::<usize>(), 0..5),
+        0u8..4,
+        word(),
+        json(),
+    )
+        .prop_map(|(path, op, key, value)| Edit {
+            path,
+            op,
+            key,
+            value,
+        })
+}
+
+fn apply(v: &mut Value, e: &Edit) {
+    apply_at(v, &e.path, e);
+}
+
+fn apply_at(node: &mut Value, path: &[usize], e: &Edit) {
+    if let Some((&step, rest)) = path.split_first() {
+        let child = match node {
+            Value::Object(o) if !o.is_empty() => {
+                let i = step % o.len();
+                o.values_mut().nth(i)
+            }
+            Value::Array(a) if !a.is_empty() => {
+                let i = step % a.len();
+                a.get_mut(i)
+            }
+            _ => None,
+        };
+        if let Some(child) = child {
+            return apply_at(child, rest, e);
+        }
+    }
+    let at = e.path.last().copied().unwrap_or(0);
+    match (e.op, &mut *node) {
+        (1, Value::Object(o)) => {
+            o.insert(e.key.clone(), e.value.clone());
+        }
+        (2, Value::Object(o)) if !o.is_empty() => {
+            let k = o.keys().nth(at % o.len()).cloned().unwrap();
+            o.remove(&k);
+        }
+        (1, Value::Array(a)) => a.insert(at % (a.len() + 1), e.value.clone()),
+        (2, Value::Array(a)) if !a.is_empty() => {
+            a.remove(at % a.len());
+        }
+        (3, Value::Array(a)) if !a.is_empty() => {
+            let i = at % a.len();
+            let copy = a[i].clone();
+            a.insert(i, copy);
+        }
+        _ => *node = e.value.clone(),
+    }
+}
+
+/// What is done to one event of a fixture stream.
+#[derive(Debug, Clone)]
+enum EventEdit {
+    Drop(usize),
+    Repeat(usize),
+    Swap(usize, usize),
+    Rename(usize, Option<String>),
+    Data(usize, Value),
+    Json(usize, Edit),
+}
+
+fn event_edit() -> impl Strategy<Value = EventEdit> {
+    let names = fixtures().event_names.clone();
+    prop_oneof![
+        1 => any::<usize>().prop_map(EventEdit::Drop),
+        1 => any::<usize>().prop_map(EventEdit::Repeat),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(i, j)| EventEdit::Swap(i, j)),
+        1 => (any::<usize>(), prop::option::of(prop::sample::select(names)))
+            .prop_map(|(i, n)| EventEdit::Rename(i, n)),
+        1 => (any::<usize>(), json()).prop_map(|(i, v)| EventEdit::Data(i, v)),
+        3 => (any::<usize>(), edit()).prop_map(|(i, e)| EventEdit::Json(i, e)),
+    ]
+}
+
+fn edited_stream(events: &[(Option<String>, String)], edits: &[EventEdit]) -> Vec<u8> {
+    let mut events = events.to_vec();
+    for e in edits {
+        if events.is_empty() {
+            break;
+        }
+        let n = events.len();
+        match e {
+            EventEdit::Drop(i) => {
+                events.remove(i % n);
+            }
+            EventEdit::Repeat(i) => {
+                let ev = events[i % n].clone();
+                events.insert(i % n, ev);
+            }
+            EventEdit::Swap(i, j) => events.swap(i % n, j % n),
+            EventEdit::Rename(i, name) => events[i % n].0 = name.clone(),
+            EventEdit::Data(i, v) => events[i % n].1 = v.to_string(),
+            EventEdit::Json(i, edit) => {
+                if let Ok(mut v) = serde_json::from_str::<Value>(&events[i % n].1) {
+                    apply(&mut v, edit);
+                    events[i % n].1 = v.to_string();
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (name, data) in &events {
+        if let Some(name) = name {
+            out.extend_from_slice(format!("event: {name}\n").as_bytes());
+        }
+        for line in data.split('\n') {
+            out.extend_from_slice(format!("data: {line}\n").as_bytes());
+        }
+        out.push(b'\n');
+    }
+    out
+}
+
+// === properties ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any split of any bytes decodes to the events a plain whole-input decoder finds.
+    #[test]
+    fn sse_decoder_matches_reference_under_any_split(
+        stream in sse_bytes(),
+        cuts in prop::collection::vec(0u8..24, 0..6),
+    ) {
+        let expected = reference_decode(&stream);
+        prop_assert_eq!(&decode_in_pieces(&stream, &[]), &expected);
+        prop_assert_eq!(&decode_in_pieces(&stream, &cuts), &expected);
+    }
+
+    /// Arbitrary bytes as a request of each protocol: a clean refusal or well-formed bodies.
+    #[test]
+    fn request_decoders_take_any_bytes(
+        which in 0usize..3,
+        body in prop::collection::vec(any::<u8>(), 0..256),
+    ) {
+        run_request(PROTOCOLS[which], &body);
+    }
+
+    /// Arbitrary JSON as a request of each protocol.
+    #[test]
+    fn request_decoders_take_any_json(which in 0usize..3, v in json()) {
+        run_request(PROTOCOLS[which], v.to_string().as_bytes());
+    }
+
+    /// Golden fixture requests with a few edits anywhere in them: reaches the deep fields.
+    #[test]
+    fn request_decoders_take_edited_fixtures(
+        pick in any::<usize>(),
+        edits in prop::collection::vec(edit(), 0..4),
+    ) {
+        let requests = &fixtures().requests;
+        let (client, mut v) = requests[pick % requests.len()].clone();
+        for e in &edits {
+            apply(&mut v, e);
+        }
+        run_request(client, v.to_string().as_bytes());
+    }
+
+    /// Every pair's translator on a golden stream of its upstream's protocol with events
+    /// dropped, repeated, swapped, renamed or rewritten, fed in pieces, ended cleanly or broken.
+    #[test]
+    fn stream_translators_take_edited_fixture_streams(
+        pair in any::<usize>(),
+        which in any::<usize>(),
+        stream in any::<usize>(),
+        edits in prop::collection::vec(event_edit(), 0..6),
+        cuts in prop::collection::vec(0u8..64, 0..4),
+        broken in prop::bool::weighted(0.1),
+    ) {
+        let pair = pair % pairs().len();
+        let upstream = pairs()[pair].1;
+        let ts = &translations()[pair];
+        prop_assume!(!ts.is_empty());
+        let streams: Vec<_> = fixtures().streams.iter().filter(|(p, _)| *p == upstream).collect();
+        prop_assume!(!streams.is_empty());
+        let bytes = edited_stream(&streams[stream % streams.len()].1, &edits);
+        run_stream(&ts[which % ts.len()], &bytes, &cuts, broken);
+    }
+
+    /// Every pair's translator on arbitrary bytes.
+    #[test]
+    fn stream_translators_take_any_bytes(
+        pair in any::<usize>(),
+        which in any::<usize>(),
+        stream in sse_bytes(),
+        cuts in prop::collection::vec(0u8..16, 0..4),
+        broken in any::<bool>(),
+    ) {
+        let ts = &translations()[pair % pairs().len()];
+        prop_assume!(!ts.is_empty());
+        run_stream(&ts[which % ts.len()], &stream, &cuts, broken);
+    }
+}
+
+/// The harness itself: every pair has translations to fuzz and every upstream protocol has
+/// streams, so no property above is vacuous.
+#[test]
+fn harness_covers_every_pair() {
+    for (i, (client, upstream)) in pairs().into_iter().enumerate() {
+        assert!(
+            !translations()[i].is_empty(),
+            "no translation for {} → {}",
+            client.name(),
+            upstream.name()
+        );
+    }
+    for p in PROTOCOLS {
+        assert!(
+            fixtures().streams.iter().any(|(u, _)| *u == p),
+            "no {} stream",
+            p.name()
+        );
+        assert!(
+            fixtures().requests.iter().any(|(c, _)| *c == p),
+            "no {} request",
+            p.name()
+        );
+    }
+}
+
+/// Regression (stream_json crash-9dc43552): an upstream reporting usage near u64::MAX made
+/// `Usage::prompt_total` overflow (a panic in debug builds, a wrapped total in release) while a
+/// responses client's stream was written; every sum of upstream token counts now saturates, the
+/// limiter's included.
+#[test]
+fn usage_near_u64_max_saturates() {
+    let max = u64::MAX;
+    let streams = [
+        (
+            modelgate::config::Protocol::Chat,
+            format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":{max},\"completion_tokens\":{max},\"prompt_tokens_details\":{{\"cached_tokens\":{max},\"cache_write_tokens\":{max}}}}}}}\n\ndata: [DONE]\n\n"
+            ),
+        ),
+        (
+            modelgate::config::Protocol::Messages,
+            format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"usage\":{{\"input_tokens\":{max},\"cache_read_input_tokens\":{max},\"cache_creation_input_tokens\":{max},\"output_tokens\":1}}}}}}\n\nevent: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{{\"output_tokens\":{max}}}}}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+            ),
+        ),
+        (
+            modelgate::config::Protocol::Responses,
+            format!(
+                "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"model\":\"m\",\"output\":[],\"usage\":{{\"input_tokens\":{max},\"input_tokens_details\":{{\"cached_tokens\":{max},\"cache_write_tokens\":{max}}},\"output_tokens\":{max},\"total_tokens\":{max}}}}}}}\n\n"
+            ),
+        ),
+    ];
+    let mut checked = 0;
+    for (i, (client, upstream)) in pairs().into_iter().enumerate() {
+        let Some((_, stream)) = streams.iter().find(|(p, _)| *p == upstream) else {
+            continue;
+        };
+        for t in &translations()[i] {
+            let mut st = modelgate::translate::StreamTranslator::new(t);
+            let mut out = Vec::new();
+            st.feed(stream.as_bytes(), &mut out);
+            st.finish(&mut out);
+            check_client_stream(client, &out, stream.len());
+            // Messages and responses clients always get usage (chat ones only when they ask).
+            let text = String::from_utf8(out).unwrap();
+            if client != modelgate::config::Protocol::Chat {
+                assert!(
+                    text.contains(&max.to_string()),
+                    "{} → {}: no saturated count in\n{text}",
+                    client.name(),
+                    upstream.name()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 9, "only {checked} translations checked");
+    assert_eq!(modelgate::store::tokens_in_window(max, max, 1), max);
+    let tokens = modelgate::observe::Tokens {
+        input: max,
+        output: max,
+        cached: 0,
+    };
+    assert_eq!(tokens.total(), max);
+}
