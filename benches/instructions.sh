@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by callgrind over the whole gateway process: a run with N
+# requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
+# repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
+# benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
+#   benches/instructions.sh [BIN] [json|stream] [N]
+set -euo pipefail
+bin=$(realpath "${1:-target/release/modelgate}")
+kind=${2:-json}
+n=${3:-300}
+mock=$(realpath "${MOCK_BIN:-../shared/benchbed/target/release/mock-upstream}")
+template=$(realpath ../shared/benchbed/conf/modelgate.toml.in)
+mport=${MOCK_PORT:-18380}
+gport=${GATEWAY_PORT:-18390}
+key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
+work=$(mktemp -d)
+trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$mport" > "$work/mock.log" 2>&1 &
+mock_pid=$!
+sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$work/gw.toml"
+body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
+[ "$kind" = stream ] && body="${body%\}},\"stream\":true}"
+count() {
+    local reqs=$1 out="$work/cg.$1.out"
+    BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --config "$work/gw.toml" \
+        > "$work/gw.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
+    # One warm-up request in both runs: the first request's one-time costs cancel out too.
+    curl -s -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
+        -d "$body" "http://127.0.0.1:$gport/v1/chat/completions"
+    if [ "$reqs" -gt 0 ]; then
+        oha -n "$reqs" -c 1 --no-tui -m POST -H "authorization: Bearer $key" \
+            -H 'content-type: application/json' -d "$body" \
+            "http://127.0.0.1:$gport/v1/chat/completions" > /dev/null
+    fi
+    sleep 0.5
+    kill -INT "$pid"
+    wait "$pid" || true
+    awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+sleep 0.5
+zero=$(count 0)
+many=$(count "$n")
+echo "$kind: $(( (many - zero) / n )) instructions per request ($n requests, $bin)"
