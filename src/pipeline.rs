@@ -1081,9 +1081,7 @@ fn wrap_response(
         parts
             .headers
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        BodyExt::boxed(body::Coalesce::new(
-            body.with_event_limit(limits.max_event_bytes),
-        ))
+        BodyExt::boxed(body.with_event_limit(limits.max_event_bytes))
     } else {
         BodyExt::boxed(body.with_reply_limit(limits.max_reply_bytes))
     };
@@ -1116,7 +1114,7 @@ async fn translated_response(
     if parts.status.is_success() && is_event_stream(&parts.headers) {
         let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
-        let mut resp = Response::new(BodyExt::boxed(body::Coalesce::new(translated)));
+        let mut resp = Response::new(BodyExt::boxed(translated));
         *resp.headers_mut() = headers;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
