@@ -180,9 +180,11 @@ fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
 
 /// The value of the last `"usage":` key in `tail` that is not inside a string.
 fn last_usage(tail: &[u8]) -> Option<Value> {
-    let needle = b"\"usage\"";
+    static USAGE_KEY_REV: LazyLock<FinderRev<'static>> =
+        LazyLock::new(|| FinderRev::new(b"\"usage\""));
+    let needle = USAGE_KEY_REV.needle();
     let mut end = tail.len();
-    while let Some(at) = memchr::memmem::rfind(&tail[..end], needle) {
+    while let Some(at) = USAGE_KEY_REV.rfind(&tail[..end]) {
         // An escaped quote (`\"usage\"`) is text a model wrote, not a key.
         if at == 0 || tail[at - 1] != b'\\' {
             let rest = &tail[at + needle.len()..];
@@ -204,8 +206,10 @@ fn last_usage(tail: &[u8]) -> Option<Value> {
 fn read_event(protocol: Protocol, v: &Value, t: &mut ir::Usage) {
     let usage = match protocol {
         Protocol::Chat => v.get("usage"),
-        Protocol::Messages => v.pointer("/message/usage").or_else(|| v.get("usage")),
-        Protocol::Responses => v.pointer("/response/usage"),
+        Protocol::Messages => {
+            translate::common::at(v, &["message", "usage"]).or_else(|| v.get("usage"))
+        }
+        Protocol::Responses => translate::common::at(v, &["response", "usage"]),
     };
     if let Some(u) = usage.filter(|u| u.is_object()) {
         read_usage(protocol, u, t);

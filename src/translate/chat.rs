@@ -34,16 +34,16 @@ fn finish_name(f: &Finish) -> &'static str {
 }
 
 pub fn usage_from(u: &Value) -> Usage {
-    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let prompt = n("/prompt_tokens");
-    let cache_read = n("/prompt_tokens_details/cached_tokens");
-    let cache_write = n("/prompt_tokens_details/cache_write_tokens");
+    let n = |p: &[&str]| super::common::at(u, p).and_then(Value::as_u64).unwrap_or(0);
+    let prompt = n(&["prompt_tokens"]);
+    let cache_read = n(&["prompt_tokens_details", "cached_tokens"]);
+    let cache_write = n(&["prompt_tokens_details", "cache_write_tokens"]);
     Usage {
         input: prompt.saturating_sub(cache_read.saturating_add(cache_write)),
         cache_read,
         cache_write,
-        output: n("/completion_tokens"),
-        reasoning: n("/completion_tokens_details/reasoning_tokens"),
+        output: n(&["completion_tokens"]),
+        reasoning: n(&["completion_tokens_details", "reasoning_tokens"]),
     }
 }
 

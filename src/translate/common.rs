@@ -75,3 +75,13 @@ pub fn reprefix(id: &str, prefix: &str) -> String {
     }
     format!("{prefix}{bare}")
 }
+
+/// The value at `path` under `v`, one key (or array index) per step. `Value::pointer` does the
+/// same from a string but unescapes each step with two `str::replace` calls, which showed up on
+/// every request's usage read.
+pub fn at<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
+    path.iter().try_fold(v, |cur, step| match cur {
+        Value::Array(items) => step.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => cur.get(*step),
+    })
+}

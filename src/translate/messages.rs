@@ -54,9 +54,8 @@ pub(crate) fn usage_from(u: &Value, into: &mut Usage) {
     if let Some(x) = n("output_tokens") {
         into.output = x;
     }
-    if let Some(x) = u
-        .pointer("/output_tokens_details/thinking_tokens")
-        .and_then(Value::as_u64)
+    if let Some(x) =
+        super::common::at(u, &["output_tokens_details", "thinking_tokens"]).and_then(Value::as_u64)
     {
         into.reasoning = x;
     }

@@ -39,15 +39,15 @@ fn signature_of(item: &Value) -> Option<String> {
 // === replies ===
 
 pub(crate) fn usage_from(u: &Value) -> Usage {
-    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    let cache_read = n("/input_tokens_details/cached_tokens");
-    let cache_write = n("/input_tokens_details/cache_write_tokens");
+    let n = |p: &[&str]| super::common::at(u, p).and_then(Value::as_u64).unwrap_or(0);
+    let cache_read = n(&["input_tokens_details", "cached_tokens"]);
+    let cache_write = n(&["input_tokens_details", "cache_write_tokens"]);
     Usage {
-        input: n("/input_tokens").saturating_sub(cache_read.saturating_add(cache_write)),
+        input: n(&["input_tokens"]).saturating_sub(cache_read.saturating_add(cache_write)),
         cache_read,
         cache_write,
-        output: n("/output_tokens"),
-        reasoning: n("/output_tokens_details/reasoning_tokens"),
+        output: n(&["output_tokens"]),
+        reasoning: n(&["output_tokens_details", "reasoning_tokens"]),
     }
 }
 

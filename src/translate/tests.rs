@@ -146,3 +146,21 @@ async fn other_clients_get_no_ping() {
         "a Responses stream has no keep-alive event"
     );
 }
+
+#[test]
+fn a_path_walks_keys_and_array_indexes_as_a_pointer_does() {
+    let v = serde_json::json!({"choices": [{"delta": {"a/b": 1}}], "usage": {"n": 2}});
+    for (path, pointer) in [
+        (&["choices", "0", "delta"][..], "/choices/0/delta"),
+        (&["usage", "n"][..], "/usage/n"),
+        (&["choices", "1"][..], "/choices/1"),
+        (&["choices", "x"][..], "/choices/x"),
+        (&["usage", "n", "deeper"][..], "/usage/n/deeper"),
+    ] {
+        assert_eq!(common::at(&v, path), v.pointer(pointer), "{pointer}");
+    }
+    assert_eq!(
+        common::at(&v, &["choices", "0", "delta", "a/b"]),
+        Some(&serde_json::json!(1))
+    );
+}

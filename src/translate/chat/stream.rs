@@ -180,7 +180,7 @@ impl StreamDecoder {
                     .unwrap_or_else(ir::now_secs),
             });
         }
-        if let Some(choice) = v.pointer("/choices/0") {
+        if let Some(choice) = crate::translate::common::at(&v, &["choices", "0"]) {
             let delta = choice.get("delta").unwrap_or(&Value::Null);
             if let Some(r) = delta
                 .get("reasoning_content")
@@ -216,8 +216,7 @@ impl StreamDecoder {
                                 .get("id")
                                 .and_then(Value::as_str)
                                 .map_or_else(|| ir::mint_id("call_"), str::to_owned),
-                            name: call
-                                .pointer("/function/name")
+                            name: crate::translate::common::at(call, &["function", "name"])
                                 .and_then(Value::as_str)
                                 .unwrap_or("")
                                 .to_owned(),
@@ -225,7 +224,9 @@ impl StreamDecoder {
                         index
                     }
                 };
-                if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                if let Some(args) = crate::translate::common::at(call, &["function", "arguments"])
+                    .and_then(Value::as_str)
+                {
                     if !args.is_empty() {
                         out.push(Event::ToolArgs {
                             index,
