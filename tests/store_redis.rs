@@ -234,8 +234,10 @@ async fn slots_of_a_dead_instance_expire() {
 async fn every_key_gets_a_ttl() {
     let redis = RedisServer::start();
     let store = Store::Redis(Arc::new(RedisStore::new(&redis.url())));
+    // rpm 1: the rate key lives a minute, so a loaded machine's pause before `KEYS` cannot
+    // let it expire first (at rpm 60 it lived one second, and a CI run once lost it).
     let all = KeyLimits {
-        rpm: Some(60),
+        rpm: Some(1),
         tpm: Some(1000),
         max_concurrent: Some(2),
         daily_tokens: Some(10_000),
