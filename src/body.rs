@@ -176,15 +176,7 @@ impl BodyLimits {
         if let Some(left) = self.reply_left.as_mut() {
             match left.checked_sub(data.len() as u64) {
                 Some(l) => *left = l,
-                None => {
-                    return Some(GatewayError::new(
-                        ErrorKind::UpstreamBadResponse,
-                        format!(
-                            "the upstream reply is larger than the limit of {} bytes",
-                            self.reply_max
-                        ),
-                    ))
-                }
+                None => return Some(reply_too_large(self.reply_max)),
             }
         }
         if let Some(max) = self.event_max {
@@ -201,6 +193,14 @@ impl BodyLimits {
         }
         None
     }
+}
+
+/// An upstream reply passed `[limits] max_reply_bytes`.
+fn reply_too_large(max: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::UpstreamBadResponse,
+        format!("the upstream reply is larger than the limit of {max} bytes"),
+    )
 }
 
 /// Where the last event in `data` ends (just after its blank line), scanning only line breaks.
@@ -687,14 +687,7 @@ where
                     if let Some(data) = frame.data_ref() {
                         if (this.buf.len() + data.len()) as u64 > *this.max {
                             *this.done = true;
-                            let e = GatewayError::new(
-                                ErrorKind::UpstreamBadResponse,
-                                format!(
-                                    "the upstream reply is larger than the limit of {} bytes",
-                                    this.max
-                                ),
-                            );
-                            return Poll::Ready(Some(Err(Box::new(e))));
+                            return Poll::Ready(Some(Err(Box::new(reply_too_large(*this.max)))));
                         }
                         this.buf.extend_from_slice(data);
                     }

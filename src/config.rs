@@ -147,6 +147,15 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// The credential as an upstream would quote it back, when it is long enough to replace in
+    /// text without hitting ordinary words (real keys are far longer than eight bytes).
+    pub fn quotable_credential(&self) -> Option<&[u8]> {
+        self.credential
+            .as_ref()
+            .map(Secret::key_bytes)
+            .filter(|k| k.len() >= 8)
+    }
+
     /// The LLM protocol requests to this upstream are written in; the mock's is configurable.
     pub fn protocol(&self) -> Option<Protocol> {
         self.kind.protocol().or(self.mock_protocol)

@@ -1039,13 +1039,7 @@ fn redact_errors(
     max: u64,
 ) -> Response<Body> {
     if !resp.status().is_success() {
-        // Too short a credential would redact ordinary words; real keys are far longer.
-        if let Some(secret) = upstream
-            .credential
-            .as_ref()
-            .map(|c| c.key_bytes())
-            .filter(|k| k.len() >= 8)
-        {
+        if let Some(secret) = upstream.quotable_credential() {
             let secret = Bytes::copy_from_slice(secret);
             return resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max)));
         }

@@ -22,29 +22,34 @@ pub struct UpstreamClient {
     first_byte_timeout: Duration,
 }
 
+/// An HTTP(S) connector for HTTP/1.1 and HTTP/2 (by ALPN), with TCP_NODELAY and keep-alive,
+/// trusting the platform's roots when the machine has them (corporate CAs), Mozilla's otherwise.
+/// The gateway's upstream client and `modelgate bench` both use it.
+pub fn https_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    // Small SSE frames must leave at once; Nagle plus delayed ACKs costs ~40 ms per frame.
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
+        Ok(b) => b
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http),
+        Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http),
+    }
+}
+
 impl UpstreamClient {
     pub fn new(limits: &Limits) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        // Small SSE frames must leave at once; Nagle plus delayed ACKs costs ~40 ms per frame.
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(limits.connect_timeout));
-        http.set_keepalive(Some(Duration::from_secs(60)));
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        // Platform roots when the machine has them (corporate CAs), Mozilla's otherwise.
-        let https = match builder.with_native_roots() {
-            Ok(b) => b
-                .https_or_http()
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(http),
-            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
-                .with_webpki_roots()
-                .https_or_http()
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(http),
-        };
+        let https = https_connector(limits.connect_timeout);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(64)

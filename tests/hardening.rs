@@ -319,18 +319,11 @@ async fn a_client_that_takes_no_bytes_is_dropped_with_its_upstream() {
         "data: {}\n\n",
         json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "x".repeat(2000)}}]})
     );
-    let chunks: Vec<(Duration, &str)> = (0..20_000)
-        .map(|_| (Duration::ZERO, chunk.as_str()))
-        .collect();
-    let reply_chunks: Vec<(Duration, String)> =
-        chunks.iter().map(|(d, s)| (*d, s.to_string())).collect();
+    let chunk = Bytes::from(chunk);
     let up = FakeUpstream::start(move |_| Reply::Stream {
         status: 200,
         content_type: "text/event-stream",
-        chunks: reply_chunks
-            .iter()
-            .map(|(d, s)| (*d, Bytes::from(s.clone())))
-            .collect(),
+        chunks: vec![(Duration::ZERO, chunk.clone()); 20_000],
         abort: false,
     })
     .await;
@@ -360,13 +353,9 @@ async fn a_client_that_takes_no_bytes_is_dropped_with_its_upstream() {
 
 // ---- hostile upstreams ----
 
-#[tokio::test]
-async fn a_reply_over_max_reply_bytes_is_a_502_on_a_translated_pair() {
-    let big = "x".repeat(200_000);
-    let reply = json!({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": big}, "finish_reason": "stop"}]});
-    // Chunked (no content-length), so only counting the bytes can catch it.
-    let text = reply.to_string();
-    let up = FakeUpstream::start(move |_| Reply::Stream {
+/// A JSON reply sent chunked, without a content-length: only counting its bytes can catch it.
+fn chunked_json(text: &str) -> Reply {
+    Reply::Stream {
         status: 200,
         content_type: "application/json",
         chunks: text
@@ -375,8 +364,15 @@ async fn a_reply_over_max_reply_bytes_is_a_502_on_a_translated_pair() {
             .map(|c| (Duration::ZERO, Bytes::copy_from_slice(c)))
             .collect(),
         abort: false,
-    })
-    .await;
+    }
+}
+
+#[tokio::test]
+async fn a_reply_over_max_reply_bytes_is_a_502_on_a_translated_pair() {
+    let big = "x".repeat(200_000);
+    let reply = json!({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": big}, "finish_reason": "stop"}]});
+    let text = reply.to_string();
+    let up = FakeUpstream::start(move |_| chunked_json(&text)).await;
     let gw = hostile(&up).await;
     // messages client → chat upstream: the reply is collected to be translated.
     let (status, _, v) = post_json(&gw.base("/v1/messages"), messages_body("m")).await;
@@ -389,7 +385,7 @@ async fn a_reply_over_max_reply_bytes_is_a_502_on_a_translated_pair() {
 }
 
 #[tokio::test]
-async fn a_declared_length_over_max_reply_bytes_is_a_502_before_any_byte_and_passthrough_is_cut() {
+async fn a_declared_length_over_max_reply_bytes_is_a_502_before_any_byte() {
     let big = json!({"filler": "y".repeat(200_000)});
     let up = FakeUpstream::start(move |_| Reply::json(200, big.clone())).await;
     let gw = hostile(&up).await;
@@ -402,17 +398,7 @@ async fn a_declared_length_over_max_reply_bytes_is_a_502_before_any_byte_and_pas
 #[tokio::test]
 async fn an_undeclared_passthrough_reply_over_the_limit_is_cut() {
     let text = json!({"filler": "z".repeat(200_000)}).to_string();
-    let up = FakeUpstream::start(move |_| Reply::Stream {
-        status: 200,
-        content_type: "application/json",
-        chunks: text
-            .as_bytes()
-            .chunks(8192)
-            .map(|c| (Duration::ZERO, Bytes::copy_from_slice(c)))
-            .collect(),
-        abort: false,
-    })
-    .await;
+    let up = FakeUpstream::start(move |_| chunked_json(&text)).await;
     let gw = hostile(&up).await;
     let resp = client()
         .post(gw.base("/v1/chat/completions"))

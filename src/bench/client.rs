@@ -72,26 +72,7 @@ pub struct BenchClient {
 
 impl BenchClient {
     pub fn new() -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        // Small SSE frames must not wait for Nagle plus delayed ACKs (~40 ms each).
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        // Platform roots when the machine has them (corporate CAs), Mozilla's otherwise, as the
-        // gateway's own upstream client does.
-        let https = match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
-            Ok(b) => b
-                .https_or_http()
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(http),
-            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
-                .with_webpki_roots()
-                .https_or_http()
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(http),
-        };
+        let https = crate::upstream::https_connector(CONNECT_TIMEOUT);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(https);

@@ -67,13 +67,7 @@ pub fn scrub(upstream: &Upstream, text: &str) -> String {
         Some(auth) => auth.scrub(text),
         None => text.to_owned(),
     };
-    // Too short a credential would redact ordinary words; real keys are far longer.
-    if let Some(secret) = upstream
-        .credential
-        .as_ref()
-        .map(|c| c.key_bytes())
-        .filter(|k| k.len() >= 8)
-    {
+    if let Some(secret) = upstream.quotable_credential() {
         out = String::from_utf8_lossy(&crate::body::redact(out.as_bytes(), secret)).into_owned();
     }
     out
