@@ -165,6 +165,7 @@ async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
             .unwrap_or_default(),
     );
     let signal = shutdown_signal();
+    let reload_triggers = reload::Triggers::install(path.clone());
     let config = match loaded {
         Ok(c) => c,
         Err(errors) => {
@@ -212,7 +213,7 @@ async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
         clippy::disallowed_methods,
         reason = "the reload watcher lives as long as the process"
     )]
-    let watcher = tokio::spawn(reload::watch(running.gateway().clone(), path, config));
+    let watcher = tokio::spawn(reload_triggers.run(running.gateway().clone(), config));
     signal.await;
     watcher.abort();
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");

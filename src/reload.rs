@@ -61,49 +61,75 @@ pub fn apply(
     outcome
 }
 
-/// Reloads on SIGHUP and whenever the config file changes, until the process ends.
+/// What wakes a reload: SIGHUP and changes of the config file.
 ///
-/// The file's directory is watched rather than the file: an editor's save or a Kubernetes
-/// ConfigMap update replaces the file by renaming another over it, which a watch on the old
-/// inode would miss.
-pub async fn watch(gw: Arc<Gateway>, path: PathBuf, mut current: Config) {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let _watcher = file_watcher(&path, tx.clone());
+/// Installed before the gateway says it is listening, so a SIGHUP sent the moment the
+/// listeners are announced reloads instead of meeting the default action (ending the process).
+pub struct Triggers {
+    path: PathBuf,
+    rx: mpsc::Receiver<()>,
+    _watcher: Option<notify::RecommendedWatcher>,
     #[cfg(unix)]
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; reload on file changes only");
-            None
-        }
-    };
-    loop {
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Triggers {
+    /// Starts watching `path`'s directory and catching SIGHUP; each is optional, with a warning
+    /// when the platform refuses it. Needs a running Tokio runtime.
+    ///
+    /// The file's directory is watched rather than the file: an editor's save or a Kubernetes
+    /// ConfigMap update replaces the file by renaming another over it, which a watch on the old
+    /// inode would miss.
+    pub fn install(path: PathBuf) -> Self {
+        let (tx, rx) = mpsc::channel::<()>(1);
+        let watcher = file_watcher(&path, tx);
         #[cfg(unix)]
-        let signalled = async {
-            match hup.as_mut() {
-                Some(h) => h.recv().await,
-                None => std::future::pending().await,
+        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reload on file changes only");
+                None
             }
         };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<Option<()>>();
-        tokio::select! {
-            got = signalled => {
-                if got.is_none() {
-                    return;
-                }
-                tracing::info!("SIGHUP: reloading the config");
-            }
-            got = rx.recv() => {
-                if got.is_none() {
-                    return;
-                }
-                // Let the writer finish, and fold its other events into this reload.
-                tokio::time::sleep(DEBOUNCE).await;
-                while rx.try_recv().is_ok() {}
-            }
+        Self {
+            path,
+            rx,
+            _watcher: watcher,
+            #[cfg(unix)]
+            hup,
         }
-        reload(&gw, &path, &mut current);
+    }
+
+    /// Reloads on each trigger, until the process ends.
+    pub async fn run(mut self, gw: Arc<Gateway>, mut current: Config) {
+        loop {
+            #[cfg(unix)]
+            let signalled = async {
+                match self.hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let signalled = std::future::pending::<Option<()>>();
+            tokio::select! {
+                got = signalled => {
+                    if got.is_none() {
+                        return;
+                    }
+                    tracing::info!("SIGHUP: reloading the config");
+                }
+                got = self.rx.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    // Let the writer finish, and fold its other events into this reload.
+                    tokio::time::sleep(DEBOUNCE).await;
+                    while self.rx.try_recv().is_ok() {}
+                }
+            }
+            reload(&gw, &self.path, &mut current);
+        }
     }
 }
 

@@ -171,6 +171,22 @@ fn relink(path: &Path, target: &Path) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// A SIGHUP sent the moment the listeners are announced reloads: the handler is in place before
+/// the announcement, so the signal's default action (ending the process) never applies.
+#[tokio::test]
+async fn a_sighup_right_after_start_reloads_and_the_gateway_keeps_serving() {
+    let dir = temp_dir("early");
+    let path = dir.join("modelgate.toml");
+    std::fs::write(&path, gateway_config("", "m1")).unwrap();
+    for _ in 0..3 {
+        let served = Served::start(&path);
+        served.signal("HUP");
+        served.wait_reloads("ok", 1).await;
+        assert_eq!(served.status("sk-first", "m1").await, 200);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn sighup_and_file_changes_reload_and_an_invalid_file_changes_nothing() {
     // The config is a link into another directory, like a mounted ConfigMap: an edit of the
