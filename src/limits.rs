@@ -120,43 +120,23 @@ impl Limiter {
     fn charge(&self, key: &str, tokens: u64) {
         match &self.store {
             Store::Local(s) => s.charge(key, tokens, now_ms()),
-            Store::Redis(_) => self.in_background(key, move |store, key| async move {
-                store.charge(&key, tokens, now_ms()).await
-            }),
+            // Queued for the next admission's round trip: the response never waits for it.
+            Store::Redis(r) => r.charge_later(key, tokens, now_ms()),
         }
     }
 
     fn release(&self, key: &str, slot: String) {
         match &self.store {
             Store::Local(s) => s.release(key, &slot),
-            Store::Redis(_) => self.in_background(key, move |store, key| async move {
-                store.release(&key, &slot).await
-            }),
+            Store::Redis(r) => r.release_later(key, slot),
         }
     }
 
-    /// Runs a store update without making the response wait for it; the store's own timeout
-    /// bounds it.
-    fn in_background<F, Fut>(&self, key: &str, f: F)
-    where
-        F: FnOnce(Arc<RedisStore>, String) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<(), store::StoreError>> + Send + 'static,
-    {
-        let Store::Redis(redis) = &self.store else {
-            return;
-        };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = redis.clone();
-        let key = key.to_owned();
-        // Detached on purpose: a charge or release must not hold the client's response, and the
-        // store's own timeout ends it.
-        handle.spawn(async move {
-            if let Err(e) = f(store, key.clone()).await {
-                tracing::warn!(key = %key, error = %e, "a limit update was lost: the store is unreachable");
-            }
-        });
+    /// Sends the charges and releases still queued for the shared store (at shutdown).
+    pub async fn flush(&self) {
+        if let Store::Redis(r) = &self.store {
+            r.flush().await;
+        }
     }
 }
 

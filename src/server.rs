@@ -55,6 +55,7 @@ impl RunningGateway {
                 "in-flight requests did not finish before the shutdown deadline"
             );
         }
+        self.gateway.services.limiter.flush().await;
     }
 }
 

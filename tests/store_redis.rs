@@ -459,6 +459,86 @@ async fn two_gateways_on_one_redis_enforce_one_rpm_limit() {
     );
 }
 
+/// Tokens charged and slots released on one instance reach the other with no request of its
+/// own to carry them: the queued updates go out by themselves shortly after.
+#[tokio::test]
+async fn two_gateways_on_one_redis_share_tokens_and_concurrency() {
+    let redis = RedisServer::start();
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let up = FakeUpstream::start(move |seen| {
+        if seen.json()["stream"] == true {
+            Reply::sse(vec![
+                (Duration::ZERO, chunk),
+                (Duration::from_millis(400), chunk),
+                (Duration::ZERO, "data: [DONE]\n\n"),
+            ])
+        } else {
+            Reply::json(
+                200,
+                serde_json::json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}}),
+            )
+        }
+    })
+    .await;
+    let toml = gateway_config(&up.url(), "deny").replace(
+        "[[upstreams]]",
+        "[[keys]]\nname = \"conc\"\nkey = \"sk-conc\"\nmax_concurrent = 1\n\n\
+         [[keys]]\nname = \"tokens\"\nkey = \"sk-tokens\"\ntpm = 10\n\n[[upstreams]]",
+    );
+    let env = [("MODELGATE_REDIS_URL", redis.url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = TestGateway::start_with_env(&toml, &env).await;
+    let b = TestGateway::start_with_env(&toml, &env).await;
+    let send = |gw: &TestGateway, key: &'static str, stream: bool| {
+        let mut body = chat_body("m");
+        body["stream"] = stream.into();
+        client()
+            .post(gw.base("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+    };
+
+    // A stream on A holds the key's one slot: B refuses until it ends, then admits.
+    let mut open = send(&a, "sk-conc", true).await.unwrap();
+    assert_eq!(open.status(), 200);
+    assert!(open.chunk().await.unwrap().is_some(), "the stream started");
+    let refused = send(&b, "sk-conc", false).await.unwrap();
+    assert_eq!(refused.status(), 429, "one slot across both instances");
+    while open.chunk().await.unwrap().is_some() {}
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let resp = send(&b, "sk-conc", false).await.unwrap();
+        if resp.status() == 200 {
+            break;
+        }
+        assert_eq!(resp.status(), 429);
+        assert!(Instant::now() < deadline, "A's release never reached B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // 10 tokens through A spend the key's minute on B too.
+    assert_eq!(send(&a, "sk-tokens", false).await.unwrap().status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let resp = send(&b, "sk-tokens", false).await.unwrap();
+        if resp.status() == 429 {
+            assert_eq!(header(&resp, "x-ratelimit-remaining-tokens"), Some("0"));
+            break;
+        }
+        assert_eq!(
+            resp.status(),
+            200,
+            "B admits only while A's charge is on its way"
+        );
+        assert!(Instant::now() < deadline, "A's charge never reached B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_killed_redis_lets_on_error_decide_and_limits_resume_when_it_is_back() {
     let mut redis = RedisServer::start();

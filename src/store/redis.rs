@@ -1,5 +1,10 @@
 //! The Redis (or Valkey) store: the same counters in Redis, one atomic script per admission, so every instance pointed at it enforces one limit.
 //!
+//! One round trip per request: the token charges and slot releases of finished requests wait in
+//! a queue and go out in the same pipeline as the next admission, ahead of it (so a slot this
+//! instance released is free for the admission that follows it). When no admission comes, a
+//! flush sends them after `FLUSH_AFTER`.
+//!
 //! Keys, per gateway key `k` (the `{k}` hash tag keeps one key's counters in one cluster slot):
 //! - `modelgate:{k}:tat`: the GCRA theoretical arrival time, expiring once it is in the past
 //!   (an absent TAT and a past one mean the same).
@@ -13,11 +18,12 @@
 //! deterministic and every instance uses one arithmetic; the verdict's windows are then worked
 //! out here with the same helpers the in-process store uses.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Script};
+use ::redis::{Client, ErrorKind, Pipeline, Script};
 use tokio::sync::OnceCell;
 
 use super::*;
@@ -34,6 +40,9 @@ const MINUTE_BUCKET_TTL_MS: u64 = 2 * MINUTE_MS + 10_000;
 const DAY_BUCKET_TTL_MS: u64 = 2 * DAY_MS;
 /// Kept past a TAT, so clocks a little behind still see it.
 const TAT_SLACK_MS: u64 = 1_000;
+/// How long a finished request's updates wait for an admission to carry them before going out
+/// on their own: what another instance may lag behind this one's charges and releases.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(10);
 
 /// The admission check, atomically. Mirrors `LocalStore::admit`: checks rpm, tpm, daily tokens
 /// and concurrency in that order, counts the request only when all pass.
@@ -116,6 +125,52 @@ pub struct RedisStore {
     conn: OnceCell<ConnectionManager>,
     /// The URL's password, scrubbed from any error text before it leaves this module.
     password: Option<String>,
+    /// Charges and releases not yet sent, oldest first.
+    pending: Mutex<Vec<Update>>,
+    /// A flush is scheduled; the next update need not schedule another.
+    flush_armed: AtomicBool,
+}
+
+/// A finished request's change to its key's counters.
+#[derive(Debug)]
+enum Update {
+    Charge {
+        key: String,
+        tokens: u64,
+        now_ms: u64,
+    },
+    Release {
+        key: String,
+        slot: String,
+    },
+}
+
+impl Update {
+    /// Appends the update's commands to `pipe`, their replies ignored. Plain commands, not a
+    /// script: each is atomic on its own, and Redis runs them for a fraction of a script's cost.
+    fn add_to(&self, pipe: &mut Pipeline) {
+        match self {
+            Self::Charge {
+                key,
+                tokens,
+                now_ms,
+            } => {
+                let minute = keys::minute(key, now_ms / MINUTE_MS);
+                let day = keys::day(key, now_ms / DAY_MS);
+                pipe.incr(&minute, *tokens)
+                    .ignore()
+                    .pexpire(&minute, ttl(MINUTE_BUCKET_TTL_MS))
+                    .ignore()
+                    .incr(&day, *tokens)
+                    .ignore()
+                    .pexpire(&day, ttl(DAY_BUCKET_TTL_MS))
+                    .ignore();
+            }
+            Self::Release { key, slot } => {
+                pipe.zrem(keys::slots(key), slot).ignore();
+            }
+        }
+    }
 }
 
 impl RedisStore {
@@ -130,6 +185,8 @@ impl RedisStore {
                     client: Ok(client),
                     conn: OnceCell::new(),
                     password,
+                    pending: Mutex::default(),
+                    flush_armed: AtomicBool::new(false),
                 }
             }
             // The parser's message is kept, the URL (which may hold a password) is not.
@@ -137,6 +194,8 @@ impl RedisStore {
                 client: Err(format!("the Redis URL is invalid ({})", e.category())),
                 conn: OnceCell::new(),
                 password: None,
+                pending: Mutex::default(),
+                flush_armed: AtomicBool::new(false),
             },
         }
     }
@@ -182,9 +241,29 @@ impl RedisStore {
             .arg(MINUTE_MS - now_ms % MINUTE_MS)
             .arg(SLOT_TTL_MS)
             .arg(TAT_SLACK_MS);
-        let reply: Vec<i64> = self
-            .bounded(|mut conn| async move { call.invoke_async(&mut conn).await })
-            .await?;
+        let updates = self.take_pending();
+        let mut pipe = ::redis::pipe();
+        for u in &updates {
+            u.add_to(&mut pipe);
+        }
+        pipe.invoke_script(&call);
+        let reply: Result<Vec<i64>, StoreError> = self
+            .bounded(|mut conn| async move {
+                match pipe.query_async::<(Vec<i64>,)>(&mut conn).await {
+                    // A Redis that restarted has forgotten the script. The updates ahead of it
+                    // ran (a pipeline is not a transaction), so only the admission is retried;
+                    // `invoke_async` loads the script first.
+                    Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                        call.invoke_async(&mut conn).await
+                    }
+                    other => other.map(|(reply,)| reply),
+                }
+            })
+            .await;
+        if reply.is_err() {
+            lost(&updates);
+        }
+        let reply = reply?;
         let &[refused, tat, current, previous, today] = reply.as_slice() else {
             return Err(StoreError(format!(
                 "the admission script answered {} values, not 5",
@@ -203,33 +282,102 @@ impl RedisStore {
         )
     }
 
-    /// Adds `tokens` to the key's minute and day in one MULTI/EXEC round trip.
+    /// Adds `tokens` to the key's minute and day now, with whatever else is queued.
     pub async fn charge(&self, key: &str, tokens: u64, now_ms: u64) -> Result<(), StoreError> {
-        if tokens == 0 {
-            return Ok(());
+        if tokens > 0 {
+            self.queue(Update::Charge {
+                key: key.to_owned(),
+                tokens,
+                now_ms,
+            });
         }
-        let minute = keys::minute(key, now_ms / MINUTE_MS);
-        let day = keys::day(key, now_ms / DAY_MS);
-        let mut pipe = ::redis::pipe();
-        pipe.atomic()
-            .incr(&minute, tokens)
-            .ignore()
-            .pexpire(&minute, ttl(MINUTE_BUCKET_TTL_MS))
-            .ignore()
-            .incr(&day, tokens)
-            .ignore()
-            .pexpire(&day, ttl(DAY_BUCKET_TTL_MS))
-            .ignore();
-        self.bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
-            .await
+        self.send(self.take_pending()).await
     }
 
-    /// Gives back a concurrency slot; one that already expired is no error.
+    /// Gives back a concurrency slot now, with whatever else is queued; one that already
+    /// expired is no error.
     pub async fn release(&self, key: &str, slot: &str) -> Result<(), StoreError> {
-        let mut cmd = ::redis::cmd("ZREM");
-        cmd.arg(keys::slots(key)).arg(slot);
-        self.bounded(|mut conn| async move { cmd.query_async::<()>(&mut conn).await })
-            .await
+        self.queue(Update::Release {
+            key: key.to_owned(),
+            slot: slot.to_owned(),
+        });
+        self.send(self.take_pending()).await
+    }
+
+    /// Queues a charge for the next admission to carry, or the flush after `FLUSH_AFTER`.
+    pub fn charge_later(self: &Arc<Self>, key: &str, tokens: u64, now_ms: u64) {
+        if tokens > 0 {
+            self.queue(Update::Charge {
+                key: key.to_owned(),
+                tokens,
+                now_ms,
+            });
+            self.arm_flush();
+        }
+    }
+
+    /// Queues a slot's release like `charge_later`.
+    pub fn release_later(self: &Arc<Self>, key: &str, slot: String) {
+        self.queue(Update::Release {
+            key: key.to_owned(),
+            slot,
+        });
+        self.arm_flush();
+    }
+
+    /// Sends every queued update now (at shutdown, so none is left behind).
+    pub async fn flush(&self) {
+        // A failure is logged by `send`; nobody waits on a flush's result.
+        let _ = self.send(self.take_pending()).await;
+    }
+
+    fn queue(&self, update: Update) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(update);
+    }
+
+    fn take_pending(&self) -> Vec<Update> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Schedules one flush `FLUSH_AFTER` from now unless one is already scheduled. Under load
+    /// admissions empty the queue first and the flush finds nothing to send.
+    fn arm_flush(self: &Arc<Self>) {
+        if self.flush_armed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime (a drop outside one): the next admission carries the update.
+            self.flush_armed.store(false, Ordering::Release);
+            return;
+        };
+        let store = self.clone();
+        // Detached on purpose: it ends after one sleep and one bounded call.
+        runtime.spawn(async move {
+            tokio::time::sleep(FLUSH_AFTER).await;
+            store.flush_armed.store(false, Ordering::Release);
+            store.flush().await;
+        });
+    }
+
+    /// Sends `updates` in one pipeline; nothing when there are none.
+    async fn send(&self, updates: Vec<Update>) -> Result<(), StoreError> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = ::redis::pipe();
+        for u in &updates {
+            u.add_to(&mut pipe);
+        }
+        let sent = self
+            .bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+            .await;
+        if sent.is_err() {
+            lost(&updates);
+        }
+        sent
     }
 
     /// Writes every `(key, value)` with one expiry, all or none (MULTI/EXEC): a stored response
@@ -320,6 +468,14 @@ impl RedisStore {
             text = text.replace(password, "***");
         }
         StoreError(text)
+    }
+}
+
+/// Says what a failed call took with it: one line per call, not per update, so an outage
+/// under load does not flood the log.
+fn lost(updates: &[Update]) {
+    if let Some(Update::Charge { key, .. } | Update::Release { key, .. }) = updates.first() {
+        tracing::warn!(key = %key, updates = updates.len(), "limit updates were lost: the store is unreachable");
     }
 }
 
