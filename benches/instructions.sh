@@ -4,6 +4,7 @@
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
 #   benches/instructions.sh [BIN] [json|stream] [N]
+# With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/modelgate}")
 kind=${2:-json}
@@ -38,6 +39,7 @@ count() {
     sleep 0.5
     kill -INT "$pid"
     wait "$pid" || true
+    if [ -n "${CG_KEEP:-}" ]; then mkdir -p "$CG_KEEP" && cp "$out" "$CG_KEEP/"; fi
     awk '/^(summary|totals):/ {print $2; exit}' "$out"
 }
 sleep 0.5

@@ -99,25 +99,46 @@ struct Ctx {
 
 impl Ctx {
     /// Notes one attempt for the access log and `modelgate_upstream_attempts_total`.
-    fn log_attempt(&mut self, metrics: &Metrics, upstream: &str, outcome: String, took: Duration) {
-        use std::fmt::Write;
-        let result = match outcome.parse::<u16>() {
-            Ok(429) => "429",
-            Ok(s) if s >= 500 => "5xx",
-            Ok(s) if s >= 400 => "4xx",
-            Ok(_) => "ok",
-            Err(_) => match outcome.as_str() {
-                "connect" => "connect",
-                "timeout" => "timeout",
-                "5xx" => "5xx",
-                _ => "error",
-            },
+    fn log_attempt(&mut self, metrics: &Metrics, upstream: &str, tried: Tried, took: Duration) {
+        let result = match tried {
+            Tried::Status(429) => "429",
+            Tried::Status(s) if s >= 500 => "5xx",
+            Tried::Status(s) if s >= 400 => "4xx",
+            Tried::Status(_) => "ok",
+            Tried::Failed(f @ ("connect" | "timeout" | "5xx")) => f,
+            Tried::Failed(_) => "error",
         };
         metrics.attempt(upstream, result);
+        // `upstream 200 12ms`, appended without the formatting machinery: every request has one.
+        let mut n = itoa::Buffer::new();
         if !self.tries.is_empty() {
             self.tries.push_str(", ");
         }
-        let _ = write!(self.tries, "{upstream} {outcome} {}ms", took.as_millis());
+        self.tries.push_str(upstream);
+        self.tries.push(' ');
+        self.tries.push_str(match tried {
+            Tried::Status(s) => n.format(s),
+            Tried::Failed(f) => f,
+        });
+        self.tries.push(' ');
+        self.tries.push_str(n.format(took.as_millis()));
+        self.tries.push_str("ms");
+    }
+}
+
+/// How one attempt ended: the upstream's status, or why there was none.
+#[derive(Clone, Copy)]
+enum Tried {
+    Status(u16),
+    Failed(&'static str),
+}
+
+impl Tried {
+    fn of<B, E>(resp: &Result<Response<B>, E>) -> Self {
+        match resp {
+            Ok(r) => Tried::Status(r.status().as_u16()),
+            Err(_) => Tried::Failed("error"),
+        }
     }
 }
 
@@ -204,8 +225,14 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
             return v.clone();
         }
     }
-    let id = format!("req_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..));
-    HeaderValue::try_from(id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
+    // `req_` and 24 hex digits, written by hand: this runs on every request.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = *b"req_000000000000000000000000";
+    let bits = (u128::from(fastrand::u64(..)) << 32) | u128::from(fastrand::u32(..));
+    for (i, b) in id[4..].iter_mut().enumerate() {
+        *b = HEX[((bits >> (4 * (23 - i))) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
 }
 
 /// Serves one request; never fails, every error is rendered here in the path's shape.
@@ -502,14 +529,10 @@ async fn stored_response(
     ctx.upstream = Some(upstream_name.clone());
     let started = Instant::now();
     let resp = gw.services.client.send(&upstream, call).await;
-    let outcome = match &resp {
-        Ok(r) => r.status().as_u16().to_string(),
-        Err(_) => "error".to_owned(),
-    };
     ctx.log_attempt(
         &gw.services.metrics,
         &upstream_name,
-        outcome,
+        Tried::of(&resp),
         started.elapsed(),
     );
     let resp = upstream::check_answer(&upstream, resp?, false, gw.services.limits.max_reply_bytes)?;
@@ -583,14 +606,10 @@ async fn count_tokens(
         ctx.upstream = Some(target.upstream.name.clone());
         let started = Instant::now();
         let resp = gw.services.client.send(&target.upstream, req).await;
-        let outcome = match &resp {
-            Ok(r) => r.status().as_u16().to_string(),
-            Err(_) => "error".to_owned(),
-        };
         ctx.log_attempt(
             &gw.services.metrics,
             &target.upstream.name,
-            outcome,
+            Tried::of(&resp),
             started.elapsed(),
         );
         // The same rules as any upstream answer (§14): no redirect, no 401/403 passed on as the
@@ -816,7 +835,7 @@ async fn attempts(
                     ctx.log_attempt(
                         &gw.services.metrics,
                         &target.upstream.name,
-                        status.to_string(),
+                        Tried::Status(status),
                         elapsed,
                     );
                     if let Some(a) = retry_after(resp.headers()) {
@@ -844,7 +863,7 @@ async fn attempts(
                         ctx.log_attempt(
                             &gw.services.metrics,
                             &target.upstream.name,
-                            status.to_string(),
+                            Tried::Status(status),
                             started.elapsed(),
                         );
                         let resp = match hold.meter.take() {
@@ -872,7 +891,7 @@ async fn attempts(
         ctx.log_attempt(
             &gw.services.metrics,
             &target.upstream.name,
-            failure.retry.map_or("error", RetryClass::name).to_owned(),
+            Tried::Failed(failure.retry.map_or("error", RetryClass::name)),
             elapsed,
         );
         if failure.retry.is_some() {

@@ -18,11 +18,53 @@ pub struct ChatChecked {
 
 const ROLES: &str = "system, developer, user, assistant, tool";
 
-fn wrong_type(param: &str, expected: Expected, raw: &RawValue) -> GatewayError {
-    GatewayError::invalid(
-        param,
-        format!("`{param}` must be {expected}; got {}", describe(raw)),
-    )
+/// A field's path inside the body (`messages[0].content[1].type`), written out only when an
+/// error names it: a valid request builds no path strings.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root(&'static str),
+    Field(&'a Path<'a>, &'static str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl<'a> Path<'a> {
+    fn field(&'a self, name: &'static str) -> Path<'a> {
+        Path::Field(self, name)
+    }
+
+    fn index(&'a self, i: usize) -> Path<'a> {
+        Path::Index(self, i)
+    }
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root(name) => f.write_str(name),
+            Path::Field(parent, name) => write!(f, "{parent}.{name}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// An error about the field at `param`: `message` gets the path as its text.
+fn invalid_at<P: std::fmt::Display + ?Sized>(
+    param: &P,
+    message: impl FnOnce(&str) -> String,
+) -> GatewayError {
+    let param = param.to_string();
+    let message = message(&param);
+    GatewayError::invalid(param, message)
+}
+
+fn wrong_type<P: std::fmt::Display + ?Sized>(
+    param: &P,
+    expected: Expected,
+    raw: &RawValue,
+) -> GatewayError {
+    invalid_at(param, |p| {
+        format!("`{p}` must be {expected}; got {}", describe(raw))
+    })
 }
 
 /// A wrong value for a message: its JSON type, or for the values that are of the right type
@@ -44,8 +86,8 @@ fn describe(raw: &RawValue) -> String {
     }
 }
 
-fn typed<'r, T>(
-    param: &str,
+fn typed<'r, T, P: std::fmt::Display + ?Sized>(
+    param: &P,
     raw: &'r RawValue,
     f: impl Fn(&'r RawValue) -> Result<T, Expected>,
 ) -> Result<T, GatewayError> {
@@ -79,12 +121,12 @@ fn int_in(obj: &RawObject, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, G
     let Some(raw) = obj.get_present(key) else {
         return Ok(None);
     };
-    let range = if hi == i64::MAX {
-        format!("at least {lo}")
-    } else {
-        format!("between {lo} and {hi}")
-    };
     let refuse = |got: &str| {
+        let range = if hi == i64::MAX {
+            format!("at least {lo}")
+        } else {
+            format!("between {lo} and {hi}")
+        };
         GatewayError::invalid(
             key,
             format!("`{key}` must be an integer {range}; got {got}"),
@@ -198,7 +240,7 @@ fn stop(obj: &RawObject) -> Result<(), GatewayError> {
         ));
     }
     for (i, item) in items.iter().enumerate() {
-        typed(&format!("stop[{i}]"), item, json::as_str)?;
+        typed(&Path::Root("stop").index(i), item, json::as_str)?;
     }
     Ok(())
 }
@@ -271,45 +313,41 @@ fn tools(obj: &RawObject) -> Result<(), GatewayError> {
         return Ok(());
     };
     let items = typed("tools", raw, json::as_array)?;
+    let root = Path::Root("tools");
     for (i, item) in items.iter().enumerate() {
-        let path = format!("tools[{i}]");
+        let path = root.index(i);
         let tool = typed(&path, item, json::as_object)?;
-        let kind_path = format!("{path}.type");
+        let kind_path = path.field("type");
         let kind = tool
             .get_present("type")
             .ok_or_else(|| {
-                GatewayError::invalid(
-                    &kind_path,
-                    format!("`{kind_path}` is required; only \"function\" is supported"),
-                )
+                invalid_at(&kind_path, |p| {
+                    format!("`{p}` is required; only \"function\" is supported")
+                })
             })
             .and_then(|r| typed(&kind_path, r, json::as_str))?;
         if kind != "function" {
-            return Err(GatewayError::invalid(
-                &kind_path,
-                format!("`{kind_path}` must be \"function\" (the only supported tool kind); got {kind:?}"),
-            ));
+            return Err(invalid_at(&kind_path, |p| {
+                format!("`{p}` must be \"function\" (the only supported tool kind); got {kind:?}")
+            }));
         }
-        let fpath = format!("{path}.function");
+        let fpath = path.field("function");
         let function = tool
             .get_present("function")
-            .ok_or_else(|| GatewayError::invalid(&fpath, format!("`{fpath}` is required")))
+            .ok_or_else(|| required(&fpath))
             .and_then(|r| typed(&fpath, r, json::as_object))?;
-        let npath = format!("{fpath}.name");
+        let npath = fpath.field("name");
         let name = function
             .get_present("name")
-            .ok_or_else(|| GatewayError::invalid(&npath, format!("`{npath}` is required")))
+            .ok_or_else(|| required(&npath))
             .and_then(|r| typed(&npath, r, json::as_str))?;
         if !valid_name(&name) {
-            return Err(GatewayError::invalid(
-                &npath,
-                format!(
-                    "`{npath}` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -; got {name:?}"
-                ),
-            ));
+            return Err(invalid_at(&npath, |p| {
+                format!("`{p}` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -; got {name:?}")
+            }));
         }
         if let Some(p) = function.get_present("parameters") {
-            typed(&format!("{fpath}.parameters"), p, json::as_object)?;
+            typed(&fpath.field("parameters"), p, json::as_object)?;
         }
     }
     Ok(())
@@ -375,96 +413,82 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
             "`messages` must hold at least one message",
         ));
     }
+    let root = Path::Root("messages");
     for (i, item) in items.iter().enumerate() {
-        let path = format!("messages[{i}]");
+        let path = root.index(i);
         let msg = typed(&path, item, json::as_object)?;
-        let rpath = format!("{path}.role");
+        let rpath = path.field("role");
         let role = msg
             .get_present("role")
-            .ok_or_else(|| {
-                GatewayError::invalid(&rpath, format!("`{rpath}` is required; allowed: {ROLES}"))
-            })
+            .ok_or_else(|| invalid_at(&rpath, |p| format!("`{p}` is required; allowed: {ROLES}")))
             .and_then(|r| typed(&rpath, r, json::as_str))?;
         let allowed_parts: &[&str] = match role.as_ref() {
             "system" | "developer" | "tool" => &["text"],
             "user" => &["text", "image_url", "input_audio", "file"],
             "assistant" => &["text", "refusal"],
             other => {
-                return Err(GatewayError::invalid(
-                    &rpath,
-                    format!("`{rpath}` must be one of {ROLES}; got {other:?}"),
-                ))
+                return Err(invalid_at(&rpath, |p| {
+                    format!("`{p}` must be one of {ROLES}; got {other:?}")
+                }))
             }
         };
-        let cpath = format!("{path}.content");
+        let cpath = path.field("content");
         match msg.get_present("content") {
             None => {
                 let has_calls = msg.get_present("tool_calls").is_some()
                     || msg.get_present("function_call").is_some();
                 if !(role == "assistant" && has_calls) {
-                    return Err(GatewayError::invalid(
-                        &cpath,
-                        format!("`{cpath}` is required (it may be null only on an assistant message with tool_calls)"),
-                    ));
+                    return Err(invalid_at(&cpath, |p| {
+                        format!("`{p}` is required (it may be null only on an assistant message with tool_calls)")
+                    }));
                 }
             }
             Some(content) => {
                 if json::as_str(content).is_err() {
                     let parts = json::as_array(content).map_err(|_| {
-                        GatewayError::invalid(
-                            &cpath,
+                        invalid_at(&cpath, |p| {
                             format!(
-                                "`{cpath}` must be a string or an array of parts; got {}",
+                                "`{p}` must be a string or an array of parts; got {}",
                                 describe(content)
-                            ),
-                        )
+                            )
+                        })
                     })?;
                     for (j, part) in parts.iter().enumerate() {
-                        content_part(
-                            &format!("{cpath}[{j}]"),
-                            part,
-                            allowed_parts,
-                            model,
-                            client_model,
-                        )?;
+                        content_part(&cpath.index(j), part, allowed_parts, model, client_model)?;
                     }
                 }
             }
         }
         if role == "tool" {
-            let tpath = format!("{path}.tool_call_id");
+            let tpath = path.field("tool_call_id");
             msg.get_present("tool_call_id")
                 .ok_or_else(|| {
-                    GatewayError::invalid(
-                        &tpath,
-                        format!("`{tpath}` is required on a tool message"),
-                    )
+                    invalid_at(&tpath, |p| format!("`{p}` is required on a tool message"))
                 })
                 .and_then(|r| typed(&tpath, r, json::as_str))?;
         }
         if let Some(calls) = msg.get_present("tool_calls") {
-            let tpath = format!("{path}.tool_calls");
+            let tpath = path.field("tool_calls");
             if role != "assistant" {
-                return Err(GatewayError::invalid(
-                    &tpath,
-                    format!("`{tpath}` is allowed only on assistant messages"),
-                ));
+                return Err(invalid_at(&tpath, |p| {
+                    format!("`{p}` is allowed only on assistant messages")
+                }));
             }
             let calls = typed(&tpath, calls, json::as_array)?;
             for (j, call) in calls.iter().enumerate() {
-                let cp = format!("{tpath}[{j}]");
+                let cp = tpath.index(j);
                 let call = typed(&cp, call, json::as_object)?;
-                let fpath = format!("{cp}.function");
+                let fpath = cp.field("function");
                 let f = call
                     .get_present("function")
-                    .ok_or_else(|| GatewayError::invalid(&fpath, format!("`{fpath}` is required")))
+                    .ok_or_else(|| required(&fpath))
                     .and_then(|r| typed(&fpath, r, json::as_object))?;
-                let npath = format!("{fpath}.name");
+                let npath = fpath.field("name");
                 f.get_present("name")
-                    .ok_or_else(|| GatewayError::invalid(&npath, format!("`{npath}` is required")))
+                    .ok_or_else(|| required(&npath))
                     .and_then(|r| typed(&npath, r, json::as_str))?;
                 if let Some(a) = f.get_present("arguments") {
-                    typed(&format!("{fpath}.arguments"), a, json::as_str)?;
+                    typed(&fpath.field("arguments"), a, json::as_str)?;
                 }
             }
         }
@@ -472,77 +496,73 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
     Ok(())
 }
 
+fn required(path: &Path<'_>) -> GatewayError {
+    invalid_at(path, |p| format!("`{p}` is required"))
+}
+
 fn content_part(
-    path: &str,
+    path: &Path<'_>,
     raw: &RawValue,
     allowed: &[&str],
     model: &Model,
     client_model: &str,
 ) -> Result<(), GatewayError> {
     let part = typed(path, raw, json::as_object)?;
-    let tpath = format!("{path}.type");
+    let tpath = path.field("type");
     let kind = part
         .get_present("type")
         .ok_or_else(|| {
-            GatewayError::invalid(
-                &tpath,
-                format!(
-                    "`{tpath}` is required; allowed here: {}",
-                    allowed.join(", ")
-                ),
-            )
+            invalid_at(&tpath, |p| {
+                format!("`{p}` is required; allowed here: {}", allowed.join(", "))
+            })
         })
         .and_then(|r| typed(&tpath, r, json::as_str))?;
     if !allowed.contains(&kind.as_ref()) {
-        return Err(GatewayError::invalid(
-            &tpath,
+        return Err(invalid_at(&tpath, |p| {
             format!(
-                "`{tpath}` must be one of {} for this role; got {kind:?}",
+                "`{p}` must be one of {} for this role; got {kind:?}",
                 allowed.join(", ")
-            ),
-        ));
+            )
+        }));
     }
     match kind.as_ref() {
         "text" => {
-            let p = format!("{path}.text");
+            let p = path.field("text");
             part.get_present("text")
-                .ok_or_else(|| GatewayError::invalid(&p, format!("`{p}` is required")))
+                .ok_or_else(|| required(&p))
                 .and_then(|r| typed(&p, r, json::as_str))?;
         }
         "image_url" => {
             if !model.vision {
-                return Err(GatewayError::invalid(
-                    path,
-                    format!("`{path}`: the model {client_model:?} does not accept image input; send text parts only"),
-                ));
+                return Err(invalid_at(path, |p| {
+                    format!("`{p}`: the model {client_model:?} does not accept image input; send text parts only")
+                }));
             }
-            let ipath = format!("{path}.image_url");
+            let ipath = path.field("image_url");
             let image = part
                 .get_present("image_url")
-                .ok_or_else(|| GatewayError::invalid(&ipath, format!("`{ipath}` is required")))
+                .ok_or_else(|| required(&ipath))
                 .and_then(|r| typed(&ipath, r, json::as_object))?;
-            let upath = format!("{ipath}.url");
+            let upath = ipath.field("url");
             let url = image
                 .get_present("url")
-                .ok_or_else(|| GatewayError::invalid(&upath, format!("`{upath}` is required")))
+                .ok_or_else(|| required(&upath))
                 .and_then(|r| typed(&upath, r, json::as_str))?;
             if !(url.starts_with("http://")
                 || url.starts_with("https://")
                 || url.starts_with("data:image/"))
             {
-                return Err(GatewayError::invalid(
-                    &upath,
-                    format!("`{upath}` must be an http(s) URL or a data:image/...;base64 URL"),
-                ));
+                return Err(invalid_at(&upath, |p| {
+                    format!("`{p}` must be an http(s) URL or a data:image/...;base64 URL")
+                }));
             }
             if let Some(d) = image.get_present("detail") {
-                let dpath = format!("{ipath}.detail");
+                let dpath = ipath.field("detail");
                 let detail = typed(&dpath, d, json::as_str)?;
                 if !matches!(detail.as_ref(), "auto" | "low" | "high") {
-                    return Err(GatewayError::invalid(
-                        &dpath,
-                        format!("`{dpath}` must be auto, low or high; got {detail:?}"),
-                    ));
+                    return Err(invalid_at(&dpath, |p| {
+                        format!("`{p}` must be auto, low or high; got {detail:?}")
+                    }));
                 }
             }
         }
