@@ -32,35 +32,17 @@ impl StreamGuard {
     /// Lines whose presence means the stream reached its own end (or its own error). Each starts
     /// with the line break before it: text inside a JSON payload cannot contain a raw newline, so a
     /// model that writes "[DONE]" or "message_stop" in its answer is not mistaken for the end.
-    /// Searchers are built once per process: building one per frame was 14% of a stream's work.
-    fn terminals(self) -> &'static [memchr::memmem::Finder<'static>] {
-        use memchr::memmem::Finder;
-        use std::sync::LazyLock;
-        static CHAT: LazyLock<[Finder<'static>; 2]> = LazyLock::new(|| {
-            [
-                Finder::new(b"\ndata: [DONE]"),
-                Finder::new(b"\ndata:[DONE]"),
-            ]
-        });
-        static MESSAGES: LazyLock<[Finder<'static>; 2]> = LazyLock::new(|| {
-            [
-                Finder::new(b"\nevent: message_stop"),
-                Finder::new(b"\nevent: error"),
-            ]
-        });
-        static RESPONSES: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
-            [
-                Finder::new(b"\nevent: response.completed"),
-                Finder::new(b"\nevent: response.incomplete"),
-                Finder::new(b"\nevent: response.failed"),
-                Finder::new(b"\nevent: error"),
-            ]
-        });
+    fn terminals(self) -> &'static [&'static [u8]] {
         match self {
             Self::None => &[],
-            Self::Chat => &*CHAT,
-            Self::Messages => &*MESSAGES,
-            Self::Responses => &*RESPONSES,
+            Self::Chat => &[b"\ndata: [DONE]", b"\ndata:[DONE]"],
+            Self::Messages => &[b"\nevent: message_stop", b"\nevent: error"],
+            Self::Responses => &[
+                b"\nevent: response.completed",
+                b"\nevent: response.incomplete",
+                b"\nevent: response.failed",
+                b"\nevent: error",
+            ],
         }
     }
 
@@ -112,23 +94,30 @@ impl Tail {
         }
     }
 
-    /// True when `needle` occurs in the kept tail followed by `data` (so a marker split across
-    /// frames is still found), without copying `data` or allocating.
-    fn spans(&self, data: &[u8], finder: &memchr::memmem::Finder<'_>) -> bool {
-        if finder.find(data).is_some() {
+    /// True when one of `lines` (each starting with its line break, none longer than `KEEP`)
+    /// occurs in the kept tail followed by `data`, so a marker split across frames is still found.
+    ///
+    /// Only line starts are tried: `memchr` finds the line breaks and each is compared with the
+    /// markers, which costs a few comparisons per line instead of one substring search per marker
+    /// over the whole frame.
+    fn has_line(&self, data: &[u8], lines: &[&[u8]]) -> bool {
+        let starts_at = |hay: &[u8], at: usize| lines.iter().any(|l| hay[at..].starts_with(l));
+        if memchr::memchr_iter(b'\n', data).any(|at| starts_at(data, at)) {
             return true;
         }
-        let needle = finder.needle();
-        // Only the seam between frames is left: the kept tail and the start of `data`.
-        let head = &data[..data.len().min(needle.len().saturating_sub(1))];
-        let mut seam = [0u8; Self::KEEP + 32];
+        // A marker that starts at a line break in the tail ends within its first KEEP bytes of
+        // `data`: the seam is a small copy. One that starts in `data` and runs past its end is
+        // found with the next frame, its line break then being in the tail.
+        let head = &data[..data.len().min(Self::KEEP)];
+        let mut seam = [0u8; 2 * Self::KEEP];
         let len = self.buf.len() + head.len();
         if len > seam.len() {
             return false;
         }
         seam[..self.buf.len()].copy_from_slice(&self.buf);
         seam[self.buf.len()..len].copy_from_slice(head);
-        finder.find(&seam[..len]).is_some()
+        let seam = &seam[..len];
+        memchr::memchr_iter(b'\n', &self.buf).any(|at| starts_at(seam, at))
     }
 
     fn ends_event(&self) -> bool {
@@ -275,11 +264,7 @@ where
                 } else {
                     if *this.guard != StreamGuard::None && !*this.terminal_seen {
                         if let Some(data) = frame.data_ref() {
-                            *this.terminal_seen = this
-                                .guard
-                                .terminals()
-                                .iter()
-                                .any(|t| this.tail.spans(data, t));
+                            *this.terminal_seen = this.tail.has_line(data, this.guard.terminals());
                             this.tail.push(data);
                         }
                     }
@@ -598,26 +583,43 @@ mod tests {
 
     #[test]
     fn a_marker_is_found_inside_a_frame_and_across_the_seam() {
-        let marker = b"message_stop";
-        let finder = memchr::memmem::Finder::new(marker);
+        let markers = StreamGuard::Messages.terminals();
+        let marker = b"\nevent: message_stop";
         for cut in 0..=marker.len() {
             let mut tail = Tail::default();
-            let first = [&b"event: x\ndata: {}\n\nevent: "[..], &marker[..cut]].concat();
+            let first = [&b"event: x\ndata: {}\n"[..], &marker[..cut]].concat();
             let second = [&marker[cut..], &b"\ndata: {}\n\n"[..]].concat();
-            let found_first = tail.spans(&first, &finder);
+            let found_first = tail.has_line(&first, markers);
             tail.push(&first);
-            let found_second = tail.spans(&second, &finder);
+            let found_second = tail.has_line(&second, markers);
             assert!(found_first || found_second, "cut at {cut}");
         }
+        // Split in three: the middle frame alone holds no line break.
         let mut tail = Tail::default();
-        tail.push(b"data: [DO");
-        let done_text = memchr::memmem::Finder::new(b"[DONE]");
-        assert!(!tail.spans(b"NE", &done_text));
-        assert!(Tail::default().spans(b"xx[DONE]xx", &done_text));
-        // The terminators carry their line break; the seed finds one on the very first line.
-        let done = &StreamGuard::Chat.terminals()[0];
-        assert!(Tail::default().spans(b"data: [DONE]\n\n", done));
-        assert!(!Tail::default().spans(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
+        for part in [&b"data: {}\n\nda"[..], b"ta: [DO", b"NE]\n\n"] {
+            let found = tail.has_line(part, StreamGuard::Chat.terminals());
+            tail.push(part);
+            if found {
+                return;
+            }
+        }
+        panic!("a [DONE] split in three frames was missed");
+    }
+
+    #[test]
+    fn only_a_marker_at_a_line_start_counts() {
+        let done = StreamGuard::Chat.terminals();
+        // The seed finds one on the very first line.
+        assert!(Tail::default().has_line(b"data: [DONE]\n\n", done));
+        assert!(Tail::default().has_line(b"data: {}\n\ndata:[DONE]\n\n", done));
+        assert!(!Tail::default().has_line(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
+        let mut tail = Tail::default();
+        tail.push(b"data: {\"content\":\"x");
+        assert!(
+            !tail.has_line(b"data: [DONE]\"}\n\n", done),
+            "mid-line is not a line start"
+        );
+        assert!(!Tail::default().has_line(b"", done));
     }
 }
 

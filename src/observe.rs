@@ -145,6 +145,10 @@ static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"u
 
 /// Where the complete events in `buf` end (after the last blank line), or 0.
 fn event_end(buf: &[u8]) -> usize {
+    // Upstreams write whole events, so a frame nearly always ends with its blank line.
+    if buf.ends_with(b"\n\n") || buf.ends_with(b"\r\n\r\n") {
+        return buf.len();
+    }
     let lf = BLANK_LINE_REV.rfind(buf).map_or(0, |i| i + 2);
     // A CRLF stream is rare; only look for its blank line when the frame has a carriage return.
     let crlf = if memchr::memchr(b'\r', buf).is_some() {
