@@ -97,6 +97,11 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     builder
         .http1()
         .timer(TokioTimer::new())
+        // A response is mostly small frames (SSE events, JSON replies): copying each into one
+        // buffer and writing it whole costs fewer instructions than queueing its head, chunk
+        // size, data and CRLF for a vectored write (−9 k per 23-event stream, benches/
+        // instructions.sh). Flushes happen at the same points, so nothing waits for more.
+        .writev(false)
         .header_read_timeout(Duration::from_secs(30));
     builder.http2().timer(TokioTimer::new());
     let shared = Arc::new(Shared {
