@@ -228,6 +228,12 @@ pub async fn execute(plan: &Plan) -> Outcome {
             // sleeping on it would add up to 1 ms of lag to every request; a thread's sleep is
             // accurate to tens of microseconds. It ends by itself after the last arrival, or at
             // the next arrival after `stop` is set.
+            // Linux ends a sleep up to the thread's timer slack late (50 µs by default) so it
+            // can batch wake-ups; a timetable wants its sleeps exact. A thread takes the slack
+            // of the one that starts it, and this runs on the main thread, whose slack the
+            // process's own entry sets. Best effort: elsewhere there is no such file.
+            #[cfg(target_os = "linux")]
+            let _ = std::fs::write("/proc/self/timerslack_ns", "1");
             let spawned = std::thread::Builder::new()
                 .name("bench-timetable".into())
                 .spawn(move || open_loop(ctx, timetable, start));
