@@ -1,13 +1,14 @@
 //! Per-key limits at the gateway: admit or refuse each request (429 with `retry-after` and the `x-ratelimit-*` headers), hold its concurrency slot until its response ends, and charge its tokens once its usage is known.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use std::sync::atomic::AtomicU64;
 
 use http::{HeaderName, HeaderValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::auth::Principal;
 use crate::config::{KeyLimits, OnStoreError, StoreSettings};
@@ -23,6 +24,8 @@ pub struct Limiter {
     refused: Family<KeyLabels, Counter>,
     /// Store failures that let a request through (`on_error = "allow"`).
     store_errors: Counter<u64, AtomicU64>,
+    /// Admission times, for `/metrics`.
+    admission: Histogram,
 }
 
 impl Limiter {
@@ -39,6 +42,7 @@ impl Limiter {
             on_error: settings.on_error,
             refused: metrics.rate_limited.clone(),
             store_errors: metrics.store_errors.clone(),
+            admission: metrics.admission.clone(),
         }
     }
 
@@ -63,7 +67,10 @@ impl Limiter {
         if limits.is_unlimited() {
             return Ok(Admission::default());
         }
-        let verdict = match self.store.admit(&key.name, &limits, slot, now_ms()).await {
+        let started = Instant::now();
+        let admitted = self.store.admit(&key.name, &limits, slot, now_ms()).await;
+        self.admission.observe(started.elapsed().as_secs_f64());
+        let verdict = match admitted {
             Ok(v) => v,
             Err(e) => {
                 return match self.on_error {

@@ -459,6 +459,46 @@ async fn two_gateways_on_one_redis_enforce_one_rpm_limit() {
     );
 }
 
+/// Each admission's time is in `/metrics`, so an operator can compare what Redis costs a
+/// request with the latency the gateway adds; unlimited keys make none.
+#[tokio::test]
+async fn admissions_are_timed_in_metrics() {
+    let redis = RedisServer::start();
+    let up = FakeUpstream::start(|_| ok_reply()).await;
+    let gw = gateway(&up.url(), "deny", &redis).await;
+    for _ in 0..3 {
+        assert_eq!(chat(&gw).await.status(), 200);
+    }
+    let unlimited = client()
+        .post(gw.base("/v1/chat/completions"))
+        .bearer_auth("sk-test")
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unlimited.status(), 200);
+    let metrics = client()
+        .get(gw.url(Address::Admin, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert_eq!(value("modelgate_store_admission_seconds_count"), 3.0);
+    let sum = value("modelgate_store_admission_seconds_sum");
+    assert!(
+        sum > 0.0 && sum < 3.0,
+        "three loopback round trips took {sum} s"
+    );
+}
+
 /// Tokens charged and slots released on one instance reach the other with no request of its
 /// own to carry them: the queued updates go out by themselves shortly after.
 #[tokio::test]
