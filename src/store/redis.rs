@@ -242,10 +242,7 @@ impl RedisStore {
             .arg(SLOT_TTL_MS)
             .arg(TAT_SLACK_MS);
         let updates = self.take_pending();
-        let mut pipe = ::redis::pipe();
-        for u in &updates {
-            u.add_to(&mut pipe);
-        }
+        let mut pipe = pipeline_of(&updates);
         pipe.invoke_script(&call);
         let reply: Result<Vec<i64>, StoreError> = self
             .bounded(|mut conn| async move {
@@ -367,10 +364,7 @@ impl RedisStore {
         if updates.is_empty() {
             return Ok(());
         }
-        let mut pipe = ::redis::pipe();
-        for u in &updates {
-            u.add_to(&mut pipe);
-        }
+        let pipe = pipeline_of(&updates);
         let sent = self
             .bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
             .await;
@@ -469,6 +463,15 @@ impl RedisStore {
         }
         StoreError(text)
     }
+}
+
+/// A pipeline that applies `updates` in order, their replies ignored.
+fn pipeline_of(updates: &[Update]) -> Pipeline {
+    let mut pipe = ::redis::pipe();
+    for u in updates {
+        u.add_to(&mut pipe);
+    }
+    pipe
 }
 
 /// Says what a failed call took with it: one line per call, not per update, so an outage
