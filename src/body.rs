@@ -650,6 +650,29 @@ impl<B> Redacted<B> {
     }
 }
 
+/// True when the head says an event stream follows.
+pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// An upstream reply read whole; a body that breaks off is the upstream's bad response.
+pub async fn collect_reply<B>(body: B) -> Result<Bytes, GatewayError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    use http_body_util::BodyExt;
+    body.collect().await.map(|c| c.to_bytes()).map_err(|e| {
+        GatewayError::new(
+            ErrorKind::UpstreamBadResponse,
+            format!("reading the upstream reply: {e}"),
+        )
+    })
+}
+
 /// Replaces each occurrence of `secret` in `text`.
 pub fn redact(text: &[u8], secret: &[u8]) -> Vec<u8> {
     const MARK: &[u8] = b"[redacted]";

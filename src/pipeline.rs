@@ -300,7 +300,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         );
     }
     headers.insert(X_REQUEST_ID.clone(), ctx.request_id.clone());
-    let stream = is_event_stream(resp.headers());
+    let stream = body::is_event_stream(resp.headers());
     let record = Record {
         request_id: ctx.request_id,
         address: address.name(),
@@ -870,7 +870,7 @@ async fn attempts(
                             meter if ok => {
                                 let reader = UsageReader::new(
                                     encoded.protocol,
-                                    is_event_stream(resp.headers()),
+                                    body::is_event_stream(resp.headers()),
                                 );
                                 let cell = ctx.tokens.clone();
                                 resp.map(|b| BodyExt::boxed(Metered::new(b, reader, cell, meter)))
@@ -950,7 +950,7 @@ async fn first_frame(
     resp: Response<Body>,
     within: Duration,
 ) -> Result<Response<Body>, GatewayError> {
-    if !resp.status().is_success() || !is_event_stream(resp.headers()) {
+    if !resp.status().is_success() || !body::is_event_stream(resp.headers()) {
         return Ok(resp);
     }
     let (parts, mut body) = resp.into_parts();
@@ -995,7 +995,7 @@ async fn respond(
     match reply {
         Reply::Passthrough { guard, strip_usage } => {
             let resp = wrap_response(resp, limits, guard, fate);
-            Ok(if strip_usage && is_event_stream(resp.headers()) {
+            Ok(if strip_usage && body::is_event_stream(resp.headers()) {
                 resp.map(|b| BodyExt::boxed(body::StripUsage::new(b)))
             } else {
                 resp
@@ -1066,13 +1066,6 @@ fn redact_errors(
     resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) })))
 }
 
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
 /// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
 fn wrap_response(
     resp: Response<Body>,
@@ -1082,12 +1075,12 @@ fn wrap_response(
 ) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     // Only a successful event stream is ours to police; an error body passes through as sent.
-    let guard = if parts.status.is_success() && is_event_stream(&parts.headers) {
+    let guard = if parts.status.is_success() && body::is_event_stream(&parts.headers) {
         guard
     } else {
         StreamGuard::None
     };
-    let stream = is_event_stream(&parts.headers);
+    let stream = body::is_event_stream(&parts.headers);
     parts.headers = upstream::response_headers(&parts.headers);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
     let body: Body = if stream {
@@ -1124,7 +1117,7 @@ async fn translated_response(
     // Send analysis of this future (rust-lang/rust#110338).
     let upstream_body =
         UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone());
-    if parts.status.is_success() && is_event_stream(&parts.headers) {
+    if parts.status.is_success() && body::is_event_stream(&parts.headers) {
         let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
         let mut resp = Response::new(BodyExt::boxed(translated));
@@ -1138,16 +1131,7 @@ async fn translated_response(
         return Ok(resp);
     }
     let body: Body = BodyExt::boxed(upstream_body.with_reply_limit(limits.max_reply_bytes));
-    let bytes = body
-        .collect()
-        .await
-        .map_err(|e| {
-            GatewayError::new(
-                ErrorKind::UpstreamBadResponse,
-                format!("reading the upstream reply: {e}"),
-            )
-        })?
-        .to_bytes();
+    let bytes = body::collect_reply(body).await?;
     let (status, value) = t.json_reply(parts.status, &bytes);
     let mut resp = Response::new(body::full(value.to_string()));
     *resp.status_mut() = status;

@@ -473,25 +473,11 @@ pub async fn finish(
         body: prepared.body.clone(),
         own_from: prepared.own_from,
     };
-    let stream = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if stream {
+    if body::is_event_stream(resp.headers()) {
         return Ok(resp.map(|b| BodyExt::boxed(Tap::new(b, job, max_event_bytes))));
     }
     let (mut parts, inner) = resp.into_parts();
-    let bytes = inner
-        .collect()
-        .await
-        .map_err(|e| {
-            GatewayError::new(
-                ErrorKind::UpstreamBadResponse,
-                format!("reading the upstream reply: {e}"),
-            )
-        })?
-        .to_bytes();
+    let bytes = body::collect_reply(inner).await?;
     // A passthrough answer needs only its id: read that, not the whole tree.
     #[derive(Deserialize)]
     struct IdOnly {

@@ -364,11 +364,7 @@ pub fn check_answer(
             ),
         );
     }
-    let event_stream = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let event_stream = crate::body::is_event_stream(resp.headers());
     if stream && status.is_success() && !event_stream {
         let got = resp
             .headers()

@@ -135,14 +135,7 @@ async fn rpm_admits_its_burst_then_refuses_with_headers_in_each_shape() {
     assert_eq!(resp.status(), 200);
     assert!(header(&resp, "x-ratelimit-limit-requests").is_none());
 
-    let metrics = client()
-        .get(gw.url(Address::Admin, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(
         metrics.contains("modelgate_rate_limited_total{key=\"limited\"} 2"),
         "{metrics}"

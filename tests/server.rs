@@ -147,14 +147,7 @@ async fn readyz_and_metrics_on_admin() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let _ = post_json(&gw.base("/v1/chat/completions"), chat_body("nope")).await;
-    let text = client()
-        .get(gw.url(Address::Admin, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics().await;
     assert!(
         text.contains(
             "modelgate_requests_total{model=\"\",upstream=\"\",protocol=\"chat\",status=\"404\",outcome=\"refused\"} 1"

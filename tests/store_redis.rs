@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{chat_body, client, config, FakeUpstream, Reply, TestGateway};
-use modelgate::config::{Address, KeyLimits};
+use modelgate::config::KeyLimits;
 use modelgate::store::{contract, Limit, RedisStore, Store};
 
 /// A `redis-server` of the test's own, killed when dropped.
@@ -477,14 +477,7 @@ async fn admissions_are_timed_in_metrics() {
         .await
         .unwrap();
     assert_eq!(unlimited.status(), 200);
-    let metrics = client()
-        .get(gw.url(Address::Admin, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     let value = |name: &str| -> f64 {
         metrics
             .lines()
@@ -611,14 +604,7 @@ async fn a_killed_redis_lets_on_error_decide_and_limits_resume_when_it_is_back()
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
     let served = up.seen().len();
-    let metrics = client()
-        .get(allow.url(Address::Admin, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = allow.metrics().await;
     assert!(
         metrics.contains("modelgate_store_errors_total 8"),
         "each request let through is counted:\n{metrics}"

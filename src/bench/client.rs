@@ -147,11 +147,7 @@ async fn exchange(
         .await
         .map_err(|e| request_error(&e))?;
     let status = resp.status();
-    let is_sse = resp
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = crate::body::is_event_stream(resp.headers());
     let mut body = resp.into_body();
     if !status.is_success() {
         // Read the error body to its end so the connection goes back to the pool.

@@ -65,6 +65,18 @@ impl TestGateway {
     pub fn base(&self, path: &str) -> String {
         self.url(Address::Base, path)
     }
+
+    /// The admin address's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.url(Address::Admin, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 /// A config with all four listeners on port 0, a test key, and `extra` appended
