@@ -106,4 +106,19 @@ mod tests {
         let long = decode(&body, "m").map(|d| count(&d.ir)).unwrap_or(0);
         assert!(short > PER_MESSAGE && long > short, "{short} {long}");
     }
+
+    #[test]
+    fn text_is_counted_in_o200k_tokens() {
+        // o200k splits these into known pieces: "hello", " world" (2), and the 40 repetitions of
+        // " the" (40), where a count of characters or words would give other figures.
+        let count_of = |text: &str| {
+            let body =
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+            let body = Bytes::from(body.to_string());
+            decode(&body, "m").map(|d| count(&d.ir)).unwrap_or(0)
+        };
+        let frame = 2 * PER_MESSAGE;
+        assert_eq!(count_of("hello world"), frame + 2);
+        assert_eq!(count_of(&" the".repeat(40)), frame + 40);
+    }
 }

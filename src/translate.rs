@@ -226,9 +226,10 @@ impl Decoded {
         }
         let dropped: Vec<String> = hosted.iter().map(|h| h.kind.clone()).collect();
         // Messages and responses clients (agents) send thinking by default; a model configured
-        // without any thinking form gets none of it rather than a parameter it may refuse.
-        // A chat client's switch was already judged by chat's own rules (gateway.md §6).
-        let drop_thinking = target.thinking == ThinkingStyle::None && self.client != Protocol::Chat;
+        // without any thinking form gets none of it rather than a parameter it may refuse. A chat
+        // client's three switches were already refused there by chat's own rules (gateway.md §6);
+        // what is left to drop from a chat client is its `reasoning_effort`.
+        let drop_thinking = target.thinking == ThinkingStyle::None;
         let thinking = if drop_thinking {
             self.ir.thinking.take()
         } else {

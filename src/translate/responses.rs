@@ -275,7 +275,7 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
 /// The item id prefix OpenAI gives each kind of call item.
 fn call_id_prefix(tool: Option<&ClientTool>) -> &'static str {
     match tool {
-        Some(ClientTool::Custom) => "ctc_",
+        Some(ClientTool::Custom { .. }) => "ctc_",
         Some(ClientTool::LocalShell) => "lsh_",
         _ => "fc_",
     }
@@ -298,9 +298,14 @@ fn client_call_item(
             item["namespace"] = json!(namespace);
             item
         }
-        Some(ClientTool::Custom) => {
-            json!({"type": "custom_tool_call", "id": id, "call_id": call_id,
-            "name": name, "input": tools::custom_input(arguments), "status": status})
+        Some(ClientTool::Custom { scope }) => {
+            let mut item = json!({"type": "custom_tool_call", "id": id, "call_id": call_id,
+            "name": name, "input": tools::custom_input(arguments), "status": status});
+            if let Some((namespace, own)) = scope {
+                item["namespace"] = json!(namespace);
+                item["name"] = json!(own);
+            }
+            item
         }
         Some(ClientTool::LocalShell) => {
             json!({"type": "local_shell_call", "id": id, "call_id": call_id,

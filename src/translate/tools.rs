@@ -37,7 +37,8 @@ pub enum ClientTool {
     /// A function inside a Responses `namespace` tool, flattened to `<namespace>__<name>`.
     Namespaced { namespace: String, name: String },
     /// A Responses `custom` tool: its free-form input travels as the string argument `input`.
-    Custom,
+    /// One declared inside a namespace keeps that namespace and its own name, as `Namespaced`.
+    Custom { scope: Option<(String, String)> },
     /// The Responses `local_shell` tool: its call's `action` travels as the arguments.
     LocalShell,
 }

@@ -441,6 +441,7 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
     }
     let tools = v.tools.get_array(|| "tools".into())?;
     let mut ctx = ClientContext::default();
+    let mut server_tools: Vec<&str> = Vec::new();
     for (i, t) in tools.unwrap_or(&[]).iter().enumerate() {
         let at = |field: &str| format!("tools[{i}].{field}");
         if let Some(kind) = t.kind.as_str().filter(|k| *k != "custom") {
@@ -455,10 +456,13 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
                     parameters: ir::RawJson(lax::raw_const(schema)?),
                     strict: None,
                 }),
-                tools::AnthropicKind::Server => ctx.hosted.push(HostedTool {
-                    param: format!("tools[{i}]"),
-                    kind: kind.to_owned(),
-                }),
+                tools::AnthropicKind::Server => {
+                    server_tools.extend(t.name.as_str());
+                    ctx.hosted.push(HostedTool {
+                        param: format!("tools[{i}]"),
+                        kind: kind.to_owned(),
+                    })
+                }
             }
             continue;
         }
@@ -482,9 +486,11 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
         r.tool_choice = Some(match tc.kind.as_str() {
             Some("none") => ToolChoice::None,
             Some("any") => ToolChoice::Required,
-            Some("tool") => {
-                ToolChoice::Named(tc.name.req_str(|| "tool_choice.name".into())?.to_owned())
-            }
+            Some("tool") => match tc.name.req_str(|| "tool_choice.name".into())? {
+                // A server tool forced: the upstream cannot run it, so the model just may use tools.
+                name if server_tools.contains(&name) => ToolChoice::Auto,
+                name => ToolChoice::Named(name.to_owned()),
+            },
             _ => ToolChoice::Auto,
         });
         if let Some(d) = tc.disable_parallel_tool_use.as_bool() {

@@ -147,7 +147,7 @@ impl Echo {
             effort: owned(v.reasoning.effort.raw),
             summary: owned(v.reasoning.summary.0),
             store: owned(v.store.0),
-            fresh_id: v.store.0.map_or(true, |s| s.get() != "false"),
+            fresh_id: v.store.0.is_none_or(|s| s.get() != "false"),
             // Set by the pipeline, which expands it out of the body before translating.
             previous_response_id: None,
         }
@@ -259,7 +259,13 @@ fn item_to_ir(r: &mut ir::Request, item: &Item<'_>, i: usize) -> Result<(), Gate
             Role::Assistant,
             vec![Part::ToolCall {
                 id: item.call_id.req_str(|| at("call_id"))?.to_owned(),
-                name: item.name.req_str(|| at("name"))?.to_owned(),
+                name: {
+                    let name = item.name.req_str(|| at("name"))?;
+                    match item.namespace.get_str(|| at("namespace"))? {
+                        Some(ns) => tools::flatten(ns, name),
+                        None => name.to_owned(),
+                    }
+                },
                 arguments:
                     serde_json::json!({"input": item.input.get_str(|| at("input"))?.unwrap_or("")})
                         .to_string(),
@@ -458,10 +464,10 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
                     if let Some(d) = tool_description(tool.description.take(), ns) {
                         tool.description = Some(d);
                     }
-                    // A custom call has no namespace field: one inside a namespace comes back
-                    // under its flattened name.
                     let back = if t.kind.as_str() == Some("custom") {
-                        ClientTool::Custom
+                        ClientTool::Custom {
+                            scope: Some((ns.to_owned(), name.to_owned())),
+                        }
                     } else {
                         ClientTool::Namespaced {
                             namespace: ns.to_owned(),
@@ -476,7 +482,7 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
             Some("function" | "custom") => {
                 let name = tool.name.req_str(|| format!("{path}.name"))?.to_owned();
                 if tool.kind.as_str() == Some("custom") {
-                    map.insert(name.clone(), ClientTool::Custom);
+                    map.insert(name.clone(), ClientTool::Custom { scope: None });
                 }
                 names.push((name.clone(), path.clone()));
                 r.tools.push(client_tool(tool, &path, name)?);

@@ -328,7 +328,7 @@ impl StreamEncoder {
                 let item = client_call_item(kind.as_ref(), &id, &call_id, &name, &args, status);
                 match &kind {
                     // The input is known whole only now: the model wrote it as a JSON string.
-                    Some(ClientTool::Custom) => {
+                    Some(ClientTool::Custom { .. }) => {
                         let input = item["input"].clone();
                         self.emit(
                             out,
@@ -510,7 +510,7 @@ impl StreamEncoder {
                 Some(OpenItem::Call {
                     args,
                     tool,
-                    kind: Some(ClientTool::Custom | ClientTool::LocalShell),
+                    kind: Some(ClientTool::Custom { .. } | ClientTool::LocalShell),
                     ..
                 }) if *tool == index => args.push_str(&fragment),
                 Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
