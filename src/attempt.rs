@@ -407,7 +407,7 @@ fn choose(rt: &Runtime, m: &Model, open: &[usize]) -> (usize, bool) {
             }
             Some(_) => {
                 let at = h.ejected_at.unwrap_or(now);
-                if oldest.map_or(true, |(t, _)| at < t) {
+                if oldest.is_none_or(|(t, _)| at < t) {
                     oldest = Some((at, i));
                 }
             }

@@ -1053,7 +1053,7 @@ async fn send(
 
 /// Boxes an upstream answer; an error body has the upstream's credential replaced if it quotes it.
 fn redact_errors(
-    resp: Response<Incoming>,
+    resp: Response<upstream::UpstreamIncoming>,
     upstream: &crate::config::Upstream,
     max: u64,
 ) -> Response<Body> {

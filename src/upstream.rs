@@ -1,5 +1,8 @@
 //! The upstream HTTP client: one pooled hyper-util client over rustls, outbound request building (URL, credential, header hygiene) and the first-byte timeout.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,23 +18,63 @@ use hyper_util::rt::TokioExecutor;
 use crate::config::{Limits, Protocol, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, GatewayError, RetryClass};
 
-/// The pooled client every upstream call goes through.
+mod h1;
+
+/// How long an idle upstream connection is kept for reuse.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+/// Idle connections kept per upstream authority.
+const POOL_MAX_IDLE: usize = 64;
+
+/// The pooled clients every upstream call goes through: plain-HTTP upstreams on connections
+/// driven by the request's own task, HTTPS ones on hyper-util's client (HTTP/2 by ALPN).
 #[derive(Clone)]
 pub struct UpstreamClient {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    plain: Arc<h1::H1Pool>,
     first_byte_timeout: Duration,
+}
+
+/// An upstream response body, from whichever client carried the request.
+pub enum UpstreamIncoming {
+    Plain(h1::PooledBody),
+    Shared(Incoming),
+}
+
+impl http_body::Body for UpstreamIncoming {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Plain(b) => Pin::new(b).poll_frame(cx),
+            Self::Shared(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Plain(b) => b.is_end_stream(),
+            Self::Shared(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Plain(b) => b.size_hint(),
+            Self::Shared(b) => b.size_hint(),
+        }
+    }
 }
 
 /// An HTTP(S) connector for HTTP/1.1 and HTTP/2 (by ALPN), with TCP_NODELAY and keep-alive,
 /// trusting the platform's roots when the machine has them (corporate CAs), Mozilla's otherwise.
 /// The gateway's upstream client and `modelgate bench` both use it.
 pub fn https_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
-    let mut http = HttpConnector::new();
+    let mut http = tcp_connector(connect_timeout);
     http.enforce_http(false);
-    // Small SSE frames must leave at once; Nagle plus delayed ACKs costs ~40 ms per frame.
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_keepalive(Some(Duration::from_secs(60)));
     match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
         Ok(b) => b
             .https_or_http()
@@ -47,15 +90,31 @@ pub fn https_connector(connect_timeout: Duration) -> HttpsConnector<HttpConnecto
     }
 }
 
+/// TCP connections as every upstream call makes them.
+fn tcp_connector(connect_timeout: Duration) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    // Small SSE frames must leave at once; Nagle plus delayed ACKs costs ~40 ms per frame.
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    http
+}
+
 impl UpstreamClient {
     pub fn new(limits: &Limits) -> Self {
         let https = https_connector(limits.connect_timeout);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(64)
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
             .build(https);
+        let plain = h1::H1Pool::new(
+            tcp_connector(limits.connect_timeout),
+            POOL_IDLE,
+            POOL_MAX_IDLE,
+        );
         Self {
             client,
+            plain: Arc::new(plain),
             first_byte_timeout: limits.first_byte_timeout,
         }
     }
@@ -65,11 +124,23 @@ impl UpstreamClient {
         &self,
         upstream: &Upstream,
         req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        let fut = self.client.request(req);
+    ) -> Result<Response<UpstreamIncoming>, GatewayError> {
+        let plain = req.uri().scheme() == Some(&http::uri::Scheme::HTTP);
+        let fut = async {
+            if plain {
+                match self.plain.send(req).await {
+                    Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
+                    Err(e) => Err(classify_plain(upstream, e)),
+                }
+            } else {
+                match self.client.request(req).await {
+                    Ok(resp) => Ok(resp.map(UpstreamIncoming::Shared)),
+                    Err(e) => Err(classify(upstream, e)),
+                }
+            }
+        };
         match tokio::time::timeout(self.first_byte_timeout, fut).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(upstream, e)),
+            Ok(result) => result,
             Err(_) => Err(GatewayError::upstream(
                 ErrorKind::UpstreamTimeout,
                 RetryClass::Timeout,
@@ -105,14 +176,44 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> GatewayError {
-    use std::error::Error as _;
-    let mut cause = String::new();
+    let connect = e.is_connect();
+    failed(upstream, connect, e)
+}
+
+fn classify_plain(upstream: &Upstream, e: h1::SendError) -> GatewayError {
+    match e {
+        h1::SendError::Connect(e) => failed(upstream, true, ConnectFailed(e)),
+        h1::SendError::Request(e) => failed(upstream, false, e),
+        h1::SendError::Closed => failed(upstream, false, ClosedEarly),
+        h1::SendError::NoAuthority => GatewayError::new(
+            ErrorKind::Internal,
+            format!("upstream {:?} has no host in its URL", upstream.name),
+        ),
+    }
+}
+
+/// The connection to an upstream could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("connect failed")]
+struct ConnectFailed(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+/// The upstream closed the connection before its response head.
+#[derive(Debug, thiserror::Error)]
+#[error("connection closed before the response head")]
+struct ClosedEarly;
+
+/// An upstream call that got no response head: unreachable (`connect`) or failed on the way.
+fn failed<E>(upstream: &Upstream, connect: bool, e: E) -> GatewayError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut cause = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
         cause = s.to_string();
         source = s.source();
     }
-    if e.is_connect() {
+    if connect {
         let (kind, class) = if timed_out(&e) {
             (ErrorKind::UpstreamTimeout, RetryClass::Connect)
         } else {
@@ -335,10 +436,10 @@ pub fn build_call(
 /// downgrade the client's response.
 pub fn check_answer(
     upstream: &Upstream,
-    mut resp: Response<Incoming>,
+    mut resp: Response<UpstreamIncoming>,
     stream: bool,
     max_reply: u64,
-) -> Result<Response<Incoming>, GatewayError> {
+) -> Result<Response<UpstreamIncoming>, GatewayError> {
     let status = resp.status();
     let bad = |kind: ErrorKind, msg: String| {
         Err(GatewayError::new(kind, msg).retryable(RetryClass::ServerError))

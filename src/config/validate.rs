@@ -508,7 +508,7 @@ fn check_storage_uri(uri: &str, path: String, vertex: bool, errors: &mut Errors)
     let bucket = uri
         .strip_prefix("gs://")
         .map(|rest| rest.split('/').next().unwrap_or(""));
-    if bucket.map_or(true, str::is_empty) {
+    if bucket.is_none_or(str::is_empty) {
         errors.push(
             path,
             format!("{uri:?} must be a Cloud Storage address, gs://bucket/prefix/"),

@@ -1,9 +1,9 @@
 //! Calls to video upstreams: send (counted in metrics), read a bounded answer under the idle timeout, and turn an upstream's error status into the client's error.
 
+use crate::upstream::UpstreamIncoming;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 use crate::body::{StreamGuard, UpstreamBody};
 use crate::config::Upstream;
@@ -84,7 +84,7 @@ pub async fn send(
     gw: &Services,
     upstream: &Upstream,
     req: Request<Full<Bytes>>,
-) -> Result<Response<Incoming>, Failure> {
+) -> Result<Response<UpstreamIncoming>, Failure> {
     let result = gw.client.send(upstream, req).await;
     gw.metrics
         .attempt(&upstream.name, if result.is_ok() { "ok" } else { "error" });
@@ -92,12 +92,16 @@ pub async fn send(
 }
 
 /// The upstream's body with the idle timeout between frames.
-pub fn guarded(gw: &Services, body: Incoming) -> UpstreamBody<Incoming> {
+pub fn guarded(gw: &Services, body: UpstreamIncoming) -> UpstreamBody<UpstreamIncoming> {
     UpstreamBody::new(body, gw.limits.idle_timeout, StreamGuard::None)
 }
 
 /// Reads a whole answer of at most [`JSON_LIMIT`] bytes.
-pub async fn read(gw: &Services, upstream: &Upstream, body: Incoming) -> Result<Bytes, Failure> {
+pub async fn read(
+    gw: &Services,
+    upstream: &Upstream,
+    body: UpstreamIncoming,
+) -> Result<Bytes, Failure> {
     match Limited::new(guarded(gw, body), JSON_LIMIT).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {

@@ -3,11 +3,11 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::upstream::UpstreamIncoming;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 use crate::body::{Body, BoxError};
@@ -140,7 +140,7 @@ async fn fetch(
     mut credential: bool,
     request_id: &HeaderValue,
     range: Option<Spec>,
-) -> Result<Response<Incoming>, Failure> {
+) -> Result<Response<UpstreamIncoming>, Failure> {
     for _ in 0..=MAX_REDIRECTS {
         let mut req = upstream::build_call(
             upstream,
@@ -207,7 +207,7 @@ fn resolve(base: &Uri, location: &str) -> Option<Uri> {
 async fn relay(
     gw: &Services,
     upstream: &Upstream,
-    resp: Response<Incoming>,
+    resp: Response<UpstreamIncoming>,
     range: Option<Spec>,
 ) -> Result<Response<Body>, Failure> {
     let (parts, body) = resp.into_parts();
@@ -279,7 +279,7 @@ async fn operation(
     model: &str,
     reference: &str,
     request_id: &HeaderValue,
-) -> Result<Incoming, Failure> {
+) -> Result<UpstreamIncoming, Failure> {
     let req = veo::poll_request(gw, upstream, model, reference, request_id).await?;
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();

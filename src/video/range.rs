@@ -99,7 +99,7 @@ pub fn parse_content_range(value: &HeaderValue) -> Option<(u64, u64, Option<u64>
         "*" => None,
         t => Some(t.parse::<u64>().ok()?),
     };
-    (last >= first && total.map_or(true, |t| last < t)).then_some((first, last, total))
+    (last >= first && total.is_none_or(|t| last < t)).then_some((first, last, total))
 }
 
 /// The complete length in an upstream's `Content-Range: bytes */len` (a 416) or `bytes a-b/len`.

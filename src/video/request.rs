@@ -348,7 +348,7 @@ mod tests {
     fn base64_is_checked_in_steps_with_padding_only_at_the_end() {
         use base64::engine::general_purpose::STANDARD;
         let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-        png.extend(std::iter::repeat(7u8).take(10_000));
+        png.extend(std::iter::repeat_n(7u8, 10_000));
         let text = STANDARD.encode(&png);
         assert_eq!(check_base64(&text, "p").unwrap(), Some("image/png"));
         assert_eq!(

@@ -206,6 +206,8 @@ type Handler = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
 pub struct FakeUpstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Connections accepted so far.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     /// Receives one message each time a response body is dropped before its end
     /// (the gateway went away) or a hanging request is abandoned.
     pub cancelled: tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>,
@@ -219,11 +221,14 @@ impl FakeUpstream {
         let (cancel_tx, cancel_rx) = mpsc::unbounded_channel();
         let handler: Handler = Arc::new(handler);
         let seen2 = seen.clone();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted2 = accepted.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                accepted2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 stream.set_nodelay(true).unwrap();
                 let handler = handler.clone();
                 let seen = seen2.clone();
@@ -259,8 +264,14 @@ impl FakeUpstream {
         Self {
             addr,
             seen,
+            accepted,
             cancelled: tokio::sync::Mutex::new(cancel_rx),
         }
+    }
+
+    /// How many connections the upstream has accepted.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {
