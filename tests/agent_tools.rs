@@ -497,3 +497,99 @@ async fn count_tokens_is_forwarded_to_messages_upstreams_and_estimated_elsewhere
     assert_eq!(reply["type"], "error");
     assert_eq!(reply["error"]["type"], "not_found_error");
 }
+
+#[tokio::test]
+async fn a_custom_tool_inside_a_namespace_comes_back_with_its_namespace() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(200, json!({"id": "c", "object": "chat.completion", "created": 1, "model": "up-chat",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_c", "type": "function", "function": {"name": "files__patch", "arguments": "{\"input\":\"diff\"}"}}]}}]}))
+    })
+    .await;
+    let gw = TestGateway::start(&agents_config(&up.url(), "")).await;
+    let tools = json!([{"type": "namespace", "name": "files", "description": "Files.", "tools": [
+        {"type": "custom", "name": "patch", "description": "Patch a file."}
+    ]}]);
+    let body = json!({"model": "on-chat", "input": "edit", "tools": tools, "store": false});
+    let (status, _, reply) = post_json(&gw.base("/v1/responses"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(tool_names(&up.last().json()["tools"]), ["files__patch"]);
+    let call = &reply["output"][0];
+    assert_eq!(call["type"], "custom_tool_call", "{reply}");
+    assert_eq!(call["name"], "patch", "{reply}");
+    assert_eq!(call["namespace"], "files", "{reply}");
+    assert_eq!(call["input"], "diff", "{reply}");
+
+    // The call and its output, sent back as history, go up under the flattened name.
+    let input = json!([
+        {"role": "user", "content": "edit"},
+        {"type": "custom_tool_call", "call_id": "call_c", "name": "patch", "namespace": "files", "input": "diff"},
+        {"type": "custom_tool_call_output", "call_id": "call_c", "output": "done"}
+    ]);
+    let body = json!({"model": "on-chat", "input": input, "tools": tools, "store": false});
+    let (status, _, reply) = post_json(&gw.base("/v1/responses"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    let sent = up.last().json();
+    let call = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|m| m.get("tool_calls"))
+        .unwrap();
+    assert_eq!(call[0]["function"]["name"], "files__patch", "{sent}");
+    assert_eq!(
+        call[0]["function"]["arguments"], "{\"input\":\"diff\"}",
+        "{sent}"
+    );
+}
+
+#[tokio::test]
+async fn a_messages_client_forcing_a_dropped_server_tool_lets_the_model_choose() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(200, json!({"id": "c", "object": "chat.completion", "created": 1, "model": "up-chat",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}))
+    })
+    .await;
+    let gw = TestGateway::start(&agents_config(&up.url(), "")).await;
+    let body = json!({"model": "on-chat", "max_tokens": 64, "messages": [{"role": "user", "content": "search"}],
+        "tools": [
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+            {"name": "Read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+        ],
+        "tool_choice": {"type": "tool", "name": "web_search"}});
+    let (status, headers, reply) = post_json(&gw.base("/v1/messages"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(headers["x-modelgate-dropped"], "web_search_20250305");
+    let sent = up.last().json();
+    assert_eq!(tool_names(&sent["tools"]), ["Read"]);
+    assert_eq!(sent["tool_choice"], "auto", "{sent}");
+
+    // A client tool forced by name is still forced.
+    let body = json!({"model": "on-chat", "max_tokens": 64, "messages": [{"role": "user", "content": "read"}],
+        "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "Read"}});
+    let (status, _, reply) = post_json(&gw.base("/v1/messages"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        up.last().json()["tool_choice"],
+        json!({"type": "function", "function": {"name": "Read"}})
+    );
+}
+
+#[tokio::test]
+async fn a_chat_client_s_reasoning_effort_is_dropped_toward_a_model_without_thinking() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(200, json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "up-messages",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    })
+    .await;
+    let gw = TestGateway::start(&agents_config(&up.url(), "")).await;
+    let body = json!({"model": "on-messages", "reasoning_effort": "high",
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, reply) = post_json(&gw.base("/v1/chat/completions"), body).await;
+    assert_eq!(status, 200, "{reply}");
+    let sent = up.last().json();
+    assert!(sent.get("thinking").is_none(), "{sent}");
+    assert_eq!(reply["choices"][0]["message"]["content"], "ok");
+}
