@@ -1143,8 +1143,18 @@ async fn translated_response(
     Ok(resp)
 }
 
+/// The slowest average pace a request body may arrive at once `client_body_timeout` has passed:
+/// far below any real link, far above a client dribbling bytes to hold a connection.
+const MIN_BODY_RATE: u64 = 1024;
+
+/// How much longer than `client_body_timeout` a body that has sent `received` bytes may take.
+fn body_allowance(received: u64) -> Duration {
+    Duration::from_millis(received.saturating_mul(1000) / MIN_BODY_RATE)
+}
+
 /// Reads the whole request body, refusing with 413 as soon as it exceeds
-/// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout`.
+/// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout` or
+/// sends slower than `MIN_BODY_RATE` after it.
 pub(crate) async fn read_body(
     mut body: Incoming,
     headers: &HeaderMap,
@@ -1166,10 +1176,24 @@ pub(crate) async fn read_body(
     }
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
+    let started = tokio::time::Instant::now();
     loop {
-        // Each wait is bounded, not the whole body: a large upload at a steady pace is fine,
-        // one byte every few seconds is not.
-        let frame = match tokio::time::timeout(limits.client_body_timeout, body.frame()).await {
+        // Each wait is bounded by the silence allowed, and the whole body by a pace: a large
+        // upload at a steady rate is fine, one byte every few seconds is not.
+        let now = tokio::time::Instant::now();
+        let paced = started + limits.client_body_timeout + body_allowance(total);
+        let silent = now + limits.client_body_timeout;
+        let frame = match tokio::time::timeout_at(paced.min(silent), body.frame()).await {
+            Err(_) if paced < silent => {
+                return Err(GatewayError::new(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "the request body is arriving slower than {MIN_BODY_RATE} bytes a second \
+                         (after the first {} ms)",
+                        limits.client_body_timeout.as_millis()
+                    ),
+                ))
+            }
             Err(_) => {
                 return Err(GatewayError::new(
                     ErrorKind::RequestTimeout,

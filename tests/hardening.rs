@@ -209,6 +209,69 @@ async fn a_connection_that_never_sends_a_byte_is_closed() {
 }
 
 #[tokio::test]
+async fn an_http2_connection_that_only_pings_is_closed() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = hostile(&up).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // A PING every 100 ms, well inside the 300 ms idle limit, and never a request.
+    let ping = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00pingpong";
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if s.write_all(ping).await.is_err() {
+                return;
+            }
+            let read = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await;
+            if let Ok(Ok(0) | Err(_)) = read {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "PINGs kept a connection with no request open"
+    );
+}
+
+#[tokio::test]
+async fn a_request_body_dribbled_inside_the_silence_limit_is_still_cut_off() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = hostile(&up).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let body = serde_json::to_string(&chat_body("m")).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    // One byte every 100 ms: never silent for the 300 ms body timeout, but far below 1 KiB/s.
+    let (mut rd, mut wr) = s.into_split();
+    let bytes = body.into_bytes();
+    let dribble = tokio::spawn(async move {
+        for b in bytes {
+            if wr.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut answer)).await;
+    dribble.abort();
+    assert!(read.is_ok(), "the dribbled upload was never cut off");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("slower than 1024 bytes a second"), "{text}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
 async fn a_tls_session_that_never_sends_a_request_is_closed() {
     use std::sync::Arc;
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();

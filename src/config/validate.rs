@@ -423,6 +423,14 @@ fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {
             errors.push(format!("limits.{name}"), "must be greater than 0");
         }
     }
+    // Each connection holds a semaphore permit; tokio's semaphore holds at most this many.
+    let most = tokio::sync::Semaphore::MAX_PERMITS;
+    if limits.max_connections > most {
+        errors.push(
+            "limits.max_connections",
+            format!("must be at most {most} (one permit per connection)"),
+        );
+    }
     limits
 }
 
