@@ -66,6 +66,16 @@ impl UpstreamClient {
         upstream: &Upstream,
         req: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, GatewayError> {
+        self.send_as(&upstream.name, req).await
+    }
+
+    /// [`send`](Self::send) on behalf of the upstream named `upstream` (a token fetch, which runs
+    /// in its own task and holds only the name).
+    pub async fn send_as(
+        &self,
+        upstream: &str,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, GatewayError> {
         let fut = self.client.request(req);
         match tokio::time::timeout(self.first_byte_timeout, fut).await {
             Ok(Ok(resp)) => Ok(resp),
@@ -74,8 +84,7 @@ impl UpstreamClient {
                 ErrorKind::UpstreamTimeout,
                 RetryClass::Timeout,
                 format!(
-                    "upstream {:?} did not answer within {} ms",
-                    upstream.name,
+                    "upstream {upstream:?} did not answer within {} ms",
                     self.first_byte_timeout.as_millis()
                 ),
                 FirstByteTimeout(self.first_byte_timeout),
@@ -104,7 +113,7 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> GatewayError {
+fn classify(upstream: &str, e: hyper_util::client::legacy::Error) -> GatewayError {
     use std::error::Error as _;
     let mut cause = String::new();
     let mut source = e.source();
@@ -121,7 +130,7 @@ fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> Gatewa
         GatewayError::upstream(
             kind,
             class,
-            format!("cannot connect to upstream {:?}: {cause}", upstream.name),
+            format!("cannot connect to upstream {upstream:?}: {cause}"),
             e,
         )
     } else {
@@ -129,10 +138,7 @@ fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> Gatewa
         GatewayError::upstream(
             ErrorKind::UpstreamUnreachable,
             RetryClass::ServerError,
-            format!(
-                "upstream {:?} failed before answering: {cause}",
-                upstream.name
-            ),
+            format!("upstream {upstream:?} failed before answering: {cause}"),
             e,
         )
     }

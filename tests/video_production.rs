@@ -99,6 +99,8 @@ struct Google {
     token_error: Arc<Mutex<Option<(u16, Value)>>>,
     /// Pause before a token answer (to make callers overlap).
     token_delay: Arc<Mutex<Duration>>,
+    /// While set, token answers wait until it reads `true` (a token endpoint that hangs).
+    token_gate: Arc<Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
     /// A JWT that did not verify, if any (the reason).
     bad_assertion: Arc<Mutex<Option<String>>>,
     operation: Arc<Mutex<Value>>,
@@ -115,6 +117,7 @@ impl Google {
             expires_in: Arc::new(Mutex::new(3600)),
             token_error: Arc::default(),
             token_delay: Arc::default(),
+            token_gate: Arc::default(),
             bad_assertion: Arc::default(),
             operation: Arc::new(Mutex::new(json!({"name": VERTEX_OP}))),
             vertex_error: Arc::default(),
@@ -133,12 +136,28 @@ impl Google {
             200,
             json!({"access_token": format!("ya29.tok-{n}"), "expires_in": *self.expires_in.lock().unwrap(), "token_type": "Bearer"}),
         );
+        self.held(reply)
+    }
+
+    /// `reply` after the configured delay, and after the gate opens when one is set.
+    fn held(&self, reply: Reply) -> Reply {
         let delay = *self.token_delay.lock().unwrap();
-        if delay.is_zero() {
+        let reply = if delay.is_zero() {
             reply
         } else {
             Reply::After(delay, Box::new(reply))
+        };
+        match self.token_gate.lock().unwrap().clone() {
+            Some(gate) => Reply::Gated(gate, Box::new(reply)),
+            None => reply,
         }
+    }
+
+    /// Closes the token endpoint: answers wait until the returned sender sends `true`.
+    fn close_token_gate(&self) -> tokio::sync::watch::Sender<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        *self.token_gate.lock().unwrap() = Some(rx);
+        tx
     }
 
     /// Checks the signed-JWT grant as Google's token endpoint would.
@@ -189,8 +208,7 @@ impl Google {
             match (seen.method.as_str(), path.as_str()) {
                 ("POST", "/token") => {
                     if let Some((status, body)) = g.token_error.lock().unwrap().clone() {
-                        let delay = *g.token_delay.lock().unwrap();
-                        return Reply::After(delay, Box::new(Reply::json(status, body)));
+                        return g.held(Reply::json(status, body));
                     }
                     let token_uri = format!("{}/token", addr2.lock().unwrap());
                     if let Err(why) = g.verify_grant(seen, &token_uri) {
@@ -349,19 +367,39 @@ fn done_gcs() -> Value {
 
 // --- 1. Google credentials -----------------------------------------------------------------
 
-#[tokio::test]
-async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_expiry() {
-    let g = Google::new();
-    let up = g.start().await;
+/// Waits up to 5 s for `done`, which something in the background makes true.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..250 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+/// Requests to the token endpoint so far (answered or not).
+fn token_calls(up: &FakeUpstream) -> usize {
+    up.seen().iter().filter(|s| s.uri == "/token").count()
+}
+
+async fn key_file_gateway(up: &FakeUpstream) -> TestGateway {
     let path = key_file(&format!("{}/token", up.url()));
-    let gw = vertex_gateway(
+    vertex_gateway(
         &up.url(),
         &format!("credentials_file = {:?}", path.to_str().unwrap()),
         "",
         &[],
     )
-    .await;
-    // The first token expires within the refresh margin (5 min): the next call replaces it.
+    .await
+}
+
+#[tokio::test]
+async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_expiry() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    // The first token expires within the refresh margin: the next call starts its refresh.
     *g.expires_in.lock().unwrap() = 200;
     let id = create(&gw, &body(MODEL)).await.task_id();
     assert_eq!(*g.bad_assertion.lock().unwrap(), None);
@@ -372,67 +410,206 @@ async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_e
         .unwrap()
         .clone_from(&json!({"name": VERTEX_OP, "done": false}));
     assert_eq!(lookup(&gw, &id).await.task_status(), "RUNNING");
-    assert_eq!(g.fetches(), 2, "refreshed before it expired");
+    eventually("refreshed before it expired", || g.fetches() == 2).await;
+    // The refresh lands in the cache just after its answer; the next call may still beat it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..3 {
         create(&gw, &body(MODEL)).await.task_id();
     }
     assert_eq!(g.fetches(), 2, "a fresh token is reused");
     let sent = authorization(&up, is_vertex);
-    assert_eq!(sent[0], "Bearer ya29.tok-1");
+    assert_eq!(
+        sent[..2],
+        ["Bearer ya29.tok-1", "Bearer ya29.tok-1"],
+        "the lookup that started the refresh did not wait for it"
+    );
     assert!(
-        sent[1..].iter().all(|a| a == "Bearer ya29.tok-2"),
+        sent[2..].iter().all(|a| a == "Bearer ya29.tok-2"),
         "{sent:?}"
     );
 }
 
 #[tokio::test]
-async fn a_token_not_yet_expired_is_used_while_its_refresh_fails() {
+async fn the_refresh_margin_is_three_minutes_45_seconds() {
+    let g = Google::new();
+    let up = g.start().await;
+    // 230 s left: outside the margin, so the token is simply reused.
+    *g.expires_in.lock().unwrap() = 230;
+    let gw = key_file_gateway(&up).await;
+    create(&gw, &body(MODEL)).await.task_id();
+    create(&gw, &body(MODEL)).await.task_id();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(g.fetches(), 1, "no refresh with 230 s left");
+    // 220 s left: inside it, so the next request starts a refresh.
+    *g.expires_in.lock().unwrap() = 220;
+    let gw = key_file_gateway(&up).await;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    create(&gw, &body(MODEL)).await.task_id();
+    eventually("a refresh with 220 s left", || g.fetches() == 3).await;
+}
+
+#[tokio::test]
+async fn a_due_refresh_runs_in_the_background_while_the_valid_token_is_served() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    *g.expires_in.lock().unwrap() = 200;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(token_calls(&up), 1);
+    // From now on the token endpoint hangs until released.
+    let release = g.close_token_gate();
+    *g.expires_in.lock().unwrap() = 3600;
+    let within = Duration::from_secs(2);
+    for _ in 0..3 {
+        let a = tokio::time::timeout(within, create(&gw, &body(MODEL)))
+            .await
+            .expect("a request with a valid token does not wait for its refresh");
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    let b = body(MODEL);
+    let together = futures_util::future::join_all((0..10).map(|_| create(&gw, &b)));
+    for a in tokio::time::timeout(within, together)
+        .await
+        .expect("concurrent requests do not wait either")
+    {
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    eventually("the refresh reached the token endpoint", || {
+        token_calls(&up) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(token_calls(&up), 2, "fourteen requests, one refresh");
+    let sent = authorization(&up, is_vertex);
+    assert_eq!(sent.len(), 14);
+    assert!(sent.iter().all(|a| a == "Bearer ya29.tok-1"), "{sent:?}");
+
+    release.send(true).unwrap();
+    // Requests go on being served at once until the new token shows up.
+    let mut tries = 0;
+    loop {
+        let n = authorization(&up, is_vertex).len();
+        create(&gw, &body(MODEL)).await.task_id();
+        if authorization(&up, is_vertex)[n] == "Bearer ya29.tok-2" {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 100, "the refreshed token is never used");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(token_calls(&up), 2);
+}
+
+#[tokio::test]
+async fn a_failed_background_refresh_backs_off_while_the_token_is_valid() {
     let (logs, _guard) = Logs::capture();
     let g = Google::new();
     let up = g.start().await;
-    let path = key_file(&format!("{}/token", up.url()));
-    let gw = vertex_gateway(
-        &up.url(),
-        &format!("credentials_file = {:?}", path.to_str().unwrap()),
-        "",
-        &[],
-    )
-    .await;
+    let gw = key_file_gateway(&up).await;
     // Inside the refresh margin, but valid for 200 s more.
     *g.expires_in.lock().unwrap() = 200;
     create(&gw, &body(MODEL)).await.task_id();
     *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
     let a = create(&gw, &body(MODEL)).await;
     assert_eq!(a.status, 200, "{}", a.json);
-    assert!(logs
-        .text()
-        .contains("refreshing the Google access token failed"));
+    eventually("the refresh failed", || {
+        logs.text()
+            .contains("refreshing the Google access token failed")
+    })
+    .await;
+    assert_eq!(token_calls(&up), 2);
+    for _ in 0..5 {
+        let a = create(&gw, &body(MODEL)).await;
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    assert_eq!(
+        token_calls(&up),
+        2,
+        "no new refresh during the backoff after a failed one"
+    );
     *g.token_error.lock().unwrap() = None;
     *g.expires_in.lock().unwrap() = 3600;
+    // The first backoff is 5 s.
+    tokio::time::sleep(Duration::from_millis(5100)).await;
     create(&gw, &body(MODEL)).await.task_id();
-    assert_eq!(
-        authorization(&up, is_vertex),
-        [
-            "Bearer ya29.tok-1",
-            "Bearer ya29.tok-1",
-            "Bearer ya29.tok-2"
-        ],
-        "the failed refresh was tried again by the next request"
+    eventually("retried after the backoff", || token_calls(&up) == 3).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    create(&gw, &body(MODEL)).await.task_id();
+    let sent = authorization(&up, is_vertex);
+    assert!(
+        sent[..sent.len() - 1]
+            .iter()
+            .all(|a| a == "Bearer ya29.tok-1"),
+        "{sent:?}"
     );
+    assert_eq!(sent.last().unwrap(), "Bearer ya29.tok-2");
 
-    // An expired token is not: the failed refresh is the request's failure.
-    let gw = vertex_gateway(
-        &up.url(),
-        &format!("credentials_file = {:?}", path.to_str().unwrap()),
-        "",
-        &[],
-    )
-    .await;
+    // An expired token is not: the failed fetch is the request's failure.
+    let gw = key_file_gateway(&up).await;
     *g.expires_in.lock().unwrap() = 0;
     assert_eq!(create(&gw, &body(MODEL)).await.status, 200);
     *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
     let msg = create(&gw, &body(MODEL)).await.error(502);
     assert!(msg.starts_with("UPSTREAM_AUTH_FAILED: "), "{msg}");
+    // And with no valid token there is no backoff: the next request tries again.
+    let before = token_calls(&up);
+    create(&gw, &body(MODEL)).await.error(502);
+    assert_eq!(token_calls(&up), before + 1);
+}
+
+#[tokio::test]
+async fn an_upstream_401_drops_the_cached_token() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 1);
+    // Vertex refuses the token (revoked, say): the client gets the 502 as before…
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "status": "UNAUTHENTICATED", "message": "Request had invalid authentication credentials."}}),
+    ));
+    let msg = create(&gw, &body(MODEL)).await.error(502);
+    assert!(msg.starts_with("UPSTREAM_AUTH_FAILED: "), "{msg}");
+    *g.vertex_error.lock().unwrap() = None;
+    // …and the next request fetches a new token instead of sending the refused one again.
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    assert_eq!(
+        authorization(&up, is_vertex).last().unwrap(),
+        "Bearer ya29.tok-2"
+    );
+    // A 403 is about permissions, which a new token does not change: the token stays.
+    *g.vertex_error.lock().unwrap() = Some((
+        403,
+        json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "denied"}}),
+    ));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.vertex_error.lock().unwrap() = None;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    // Cloud Storage's 401 on a download does the same.
+    *g.operation.lock().unwrap() = done_gcs();
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "message": "Invalid Credentials"}}),
+    ));
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 502);
+    *g.vertex_error.lock().unwrap() = None;
+    let (status, _, bytes) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    assert!(bytes == g.file);
+    assert_eq!(g.fetches(), 3);
+    assert_eq!(
+        authorization(&up, |u| u.starts_with("/gcs/")),
+        ["Bearer ya29.tok-2", "Bearer ya29.tok-3"]
+    );
 }
 
 #[tokio::test]
@@ -551,7 +728,7 @@ async fn the_metadata_server_supplies_tokens_on_google_cloud() {
         authorization(&up, is_vertex),
         ["Bearer ya29.tok-1", "Bearer ya29.tok-1"]
     );
-    // Refreshed like any token: one within the margin is replaced by the next request.
+    // Refreshed like any token: one within the margin is replaced behind the next request.
     *g.expires_in.lock().unwrap() = 100;
     let gw = vertex_gateway(
         &up.url(),
@@ -562,7 +739,7 @@ async fn the_metadata_server_supplies_tokens_on_google_cloud() {
     .await;
     create(&gw, &body(MODEL)).await.task_id();
     create(&gw, &body(MODEL)).await.task_id();
-    assert_eq!(g.fetches(), 3);
+    eventually("the second request started a refresh", || g.fetches() == 3).await;
     *g.expires_in.lock().unwrap() = 3600;
     // GCE_METADATA_HOST, as Google's libraries read it: a bare host:port.
     let host = up.addr.to_string();
