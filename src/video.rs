@@ -331,9 +331,13 @@ impl VideoService {
                 self.upstreams.get(upstream).map(Arc::as_ref)
             }
         };
+        let range = range::parse(call.headers);
         let want = download::Want {
             head: call.method == Method::HEAD,
-            range: range::parse(call.headers),
+            range,
+            // RFC 9110 §13.1.5: ignored without a range.
+            if_range: range.and_then(|_| call.headers.get(header::IF_RANGE).cloned()),
+            tag: download::file_tag(id),
         };
         download::serve(
             gw,

@@ -83,11 +83,16 @@ impl Logs {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ranges {
-    /// Cloud Storage honours `Range` (206).
+    /// Cloud Storage honours `Range` (206) and `If-Range` (200 when it does not match).
     Honoured,
+    /// The file server honours `Range` but ignores `If-Range`.
+    RangeOnly,
     /// The file server ignores `Range` (200 with the whole file and its length).
     Ignored,
 }
+
+const GCS_ETAG: &str = "\"CKih16GjycICEAE=\"";
+const GCS_LAST_MODIFIED: &str = "Tue, 01 Jul 2025 10:00:00 GMT";
 
 #[derive(Clone)]
 struct Google {
@@ -107,6 +112,8 @@ struct Google {
     /// A status and body Vertex answers with instead, when set.
     vertex_error: Arc<Mutex<Option<(u16, Value)>>>,
     ranges: Arc<Mutex<Ranges>>,
+    /// Whether the file server sends `ETag` and `Last-Modified` (Cloud Storage does).
+    validators: Arc<Mutex<bool>>,
     file: Bytes,
 }
 
@@ -122,6 +129,7 @@ impl Google {
             operation: Arc::new(Mutex::new(json!({"name": VERTEX_OP}))),
             vertex_error: Arc::default(),
             ranges: Arc::new(Mutex::new(Ranges::Honoured)),
+            validators: Arc::new(Mutex::new(true)),
             file: Bytes::from((0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()),
         }
     }
@@ -237,7 +245,12 @@ impl Google {
                     if let Some((status, body)) = g.vertex_error.lock().unwrap().clone() {
                         return Reply::json(status, body);
                     }
-                    file_reply(&g.file, seen, *g.ranges.lock().unwrap())
+                    file_reply(
+                        &g.file,
+                        seen,
+                        *g.ranges.lock().unwrap(),
+                        *g.validators.lock().unwrap(),
+                    )
                 }
                 _ => Reply::json(404, json!({"error": {"code": 404, "message": format!("no route {path}")}})),
             }
@@ -248,8 +261,9 @@ impl Google {
     }
 }
 
-/// A file server: with `Honoured`, one `bytes=a-b`/`a-`/`-n` range answers 206.
-fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
+/// A file server: with `Honoured`, one `bytes=a-b`/`a-`/`-n` range answers 206 unless an
+/// `If-Range` does not match; with `validators`, answers carry `ETag` and `Last-Modified`.
+fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges, validators: bool) -> Reply {
     let len = file.len() as u64;
     let range = seen
         .headers
@@ -258,13 +272,26 @@ fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
         .and_then(|v| v.strip_prefix("bytes="))
         .and_then(|v| v.split_once('-'))
         .map(|(a, b)| (a.to_owned(), b.to_owned()));
+    let if_range_matches = match seen.headers.get("if-range").map(|v| v.to_str().unwrap()) {
+        None => true,
+        Some(v) => validators && (v == GCS_ETAG || v == GCS_LAST_MODIFIED),
+    };
     let headers = |extra: Vec<(&'static str, String)>| {
         let mut h = vec![("content-type", "video/mp4".to_owned())];
+        if validators {
+            h.push(("etag", GCS_ETAG.to_owned()));
+            h.push(("last-modified", GCS_LAST_MODIFIED.to_owned()));
+        }
         h.extend(extra);
         h
     };
-    match (ranges, range) {
-        (Ranges::Honoured, Some((a, b))) => {
+    let cut = match ranges {
+        Ranges::Honoured => if_range_matches,
+        Ranges::RangeOnly => true,
+        Ranges::Ignored => false,
+    };
+    match range.filter(|_| cut) {
+        Some((a, b)) => {
             let (first, last) = match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
                 (Some(a), Some(b)) => (a, b.min(len - 1)),
                 (Some(a), None) => (a, len - 1),
@@ -287,7 +314,7 @@ fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
                 body: file.slice(first as usize..=last as usize),
             }
         }
-        _ => Reply::Full {
+        None => Reply::Full {
             status: 200,
             headers: headers(vec![]),
             body: file.clone(),
@@ -997,6 +1024,10 @@ async fn a_range_follows_a_gemini_download_and_an_unknown_length_is_served_whole
     let (status, h, bytes) = range_get(&url, Some("bytes=0-9"), false).await;
     assert_eq!(status, 200);
     assert!(h.get("content-range").is_none());
+    assert!(
+        h.get("accept-ranges").is_none(),
+        "no promise of ranges on an answer that could not honour one: {h:?}"
+    );
     assert!(bytes == script.file);
     let hops: Vec<Seen> = up.seen().into_iter().rev().take(2).collect();
     for hop in &hops {
@@ -1044,6 +1075,246 @@ async fn the_mock_file_serves_ranges_too() {
         .as_str()
     );
     assert!(bytes == file.slice(file.len() - 100..));
+}
+
+// --- validators and If-Range -----------------------------------------------------------------
+
+async fn get_with(
+    url: &str,
+    headers: &[(&str, &str)],
+    head: bool,
+) -> (u16, http::HeaderMap, Bytes) {
+    let mut req = if head {
+        client().head(url)
+    } else {
+        client().get(url)
+    };
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.bytes().await.unwrap())
+}
+
+/// A gateway whose Vertex upstream's next task finishes with `operation`, and that task's file URL.
+async fn finished_file(g: &Google, up: &FakeUpstream, operation: Value) -> (TestGateway, String) {
+    let gw = vertex_gateway(
+        &up.url(),
+        "api_key_env = \"VT\"",
+        "",
+        &[("VT", "vertex-token")],
+    )
+    .await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    *g.operation.lock().unwrap() = operation;
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (gw, url)
+}
+
+fn done_inline(file: &Bytes) -> Value {
+    json!({"name": VERTEX_OP, "done": true,
+           "response": {"videos": [{"bytesBase64Encoded": STANDARD.encode(file), "mimeType": "video/mp4"}]}})
+}
+
+/// The mock's finished file URL, once its task has succeeded.
+async fn mock_file() -> (TestGateway, String) {
+    let gw = TestGateway::start_with_env(
+        &harness::video_config(harness::Kind::Mock, "http://127.0.0.1:1", 1),
+        &harness::env("s"),
+    )
+    .await;
+    let mut b = body(MODEL);
+    b["input"]["prompt"] = json!("anything");
+    let id = create(&gw, &b).await.task_id();
+    loop {
+        let a = lookup(&gw, &id).await;
+        if a.task_status() == "SUCCEEDED" {
+            let url = a.json["data"]["url"].as_str().unwrap().to_owned();
+            return (gw, url);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `ETag` of every answer for `url` (GET, HEAD, whole, range): one strong tag, the same each time.
+async fn one_strong_tag(url: &str) -> String {
+    let mut tags = Vec::new();
+    for (range, head) in [
+        (None, false),
+        (None, true),
+        (Some("bytes=0-99"), false),
+        (Some("bytes=0-99"), true),
+    ] {
+        let (status, h, _) = range_get(url, range, head).await;
+        assert!(status == 200 || status == 206, "{status}");
+        let tag = h
+            .get("etag")
+            .unwrap_or_else(|| panic!("no ETag for {range:?} head={head}: {h:?}"));
+        tags.push(tag.to_str().unwrap().to_owned());
+    }
+    assert!(tags.iter().all(|t| *t == tags[0]), "{tags:?}");
+    assert!(
+        tags[0].starts_with('"') && tags[0].ends_with('"') && tags[0].len() > 2,
+        "a strong tag: {}",
+        tags[0]
+    );
+    tags[0].clone()
+}
+
+#[tokio::test]
+async fn downloads_carry_the_files_validators() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (_gw, url) = finished_file(&g, &up, done_gcs()).await;
+    // Cloud Storage's validators pass through, on GET and HEAD, 200 and 206.
+    for (range, head) in [
+        (None, false),
+        (None, true),
+        (Some("bytes=0-99"), false),
+        (Some("bytes=0-99"), true),
+    ] {
+        let (status, h, _) = range_get(&url, range, head).await;
+        assert!(status == 200 || status == 206, "{status}");
+        assert_eq!(h["etag"], GCS_ETAG, "{range:?} head={head}");
+        assert_eq!(
+            h["last-modified"], GCS_LAST_MODIFIED,
+            "{range:?} head={head}"
+        );
+    }
+    // A source with none: the file id's own strong tag, and no made-up date.
+    *g.validators.lock().unwrap() = false;
+    let own = one_strong_tag(&url).await;
+    assert_ne!(own, GCS_ETAG);
+    assert!(range_get(&url, None, false)
+        .await
+        .1
+        .get("last-modified")
+        .is_none());
+    // Inline results and the mock have no validators either.
+    let (_gw, inline) = finished_file(&g, &up, done_inline(&g.file)).await;
+    let inline_tag = one_strong_tag(&inline).await;
+    assert_ne!(inline_tag, own, "another file id, another tag");
+    let (_gw, mock) = mock_file().await;
+    one_strong_tag(&mock).await;
+}
+
+/// `Range: bytes=10-19` with `If-Range: if_range` on `url` (GET and HEAD): the range when
+/// `partial`, else the whole file as 200.
+async fn check_if_range(url: &str, file: &Bytes, if_range: &str, partial: bool) {
+    let len = file.len();
+    for head in [false, true] {
+        let (status, h, bytes) = get_with(
+            url,
+            &[("range", "bytes=10-19"), ("if-range", if_range)],
+            head,
+        )
+        .await;
+        let what = format!("If-Range {if_range} head={head}");
+        if partial {
+            assert_eq!(status, 206, "{what}");
+            assert_eq!(
+                h["content-range"],
+                format!("bytes 10-19/{len}").as_str(),
+                "{what}"
+            );
+            assert_eq!(h["content-length"], "10", "{what}");
+            if !head {
+                assert!(bytes == file.slice(10..=19), "{what}");
+            }
+        } else {
+            assert_eq!(status, 200, "{what}");
+            assert!(h.get("content-range").is_none(), "{what}");
+            if head {
+                if let Some(n) = h.get("content-length") {
+                    assert_eq!(n, len.to_string().as_str(), "{what}");
+                }
+            } else {
+                assert!(bytes == *file, "{what}: the whole file");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn if_range_gets_the_range_only_while_the_file_is_the_same() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (_gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let weak = format!("W/{GCS_ETAG}");
+    let cases: [(&str, bool); 5] = [
+        (GCS_ETAG, true),
+        (GCS_LAST_MODIFIED, true),
+        ("\"CKih16GjycICEAI=\"", false),
+        ("Tue, 01 Jul 2025 10:00:01 GMT", false),
+        (&weak, false),
+    ];
+    // Whether Cloud Storage weighs If-Range itself, ignores it, or ignores ranges altogether,
+    // the client gets the range only when its copy is of the same file.
+    for ranges in [Ranges::Honoured, Ranges::RangeOnly, Ranges::Ignored] {
+        *g.ranges.lock().unwrap() = ranges;
+        for (if_range, partial) in cases {
+            check_if_range(&url, &g.file, if_range, partial).await;
+        }
+    }
+    let forwarded = up
+        .seen()
+        .into_iter()
+        .filter(|s| s.uri.starts_with("/gcs/"))
+        .any(|s| {
+            s.headers.get("if-range").map(|v| v.as_bytes()) == Some(GCS_ETAG.as_bytes())
+                && s.headers["range"] == "bytes=10-19"
+        });
+    assert!(forwarded, "If-Range goes upstream with the range");
+
+    // Without validators of its own, the file id's tag is the one that matches; it is weighed
+    // by the gateway, not sent to the upstream (to which it means nothing).
+    *g.validators.lock().unwrap() = false;
+    *g.ranges.lock().unwrap() = Ranges::Honoured;
+    let own = range_get(&url, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let before = up.seen().len();
+    check_if_range(&url, &g.file, &own, true).await;
+    for s in &up.seen()[before..] {
+        assert!(s.headers.get("if-range").is_none(), "{:?}", s.headers);
+    }
+    check_if_range(&url, &g.file, GCS_ETAG, false).await;
+    check_if_range(&url, &g.file, GCS_LAST_MODIFIED, false).await;
+
+    // An inline result and the mock: the same, weighed by the gateway alone.
+    let (_gw, inline) = finished_file(&g, &up, done_inline(&g.file)).await;
+    let own = range_get(&inline, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    check_if_range(&inline, &g.file, &own, true).await;
+    check_if_range(&inline, &g.file, "\"other\"", false).await;
+    check_if_range(&inline, &g.file, GCS_LAST_MODIFIED, false).await;
+    let (_gw, mock) = mock_file().await;
+    let file = client()
+        .get(&mock)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let own = range_get(&mock, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    check_if_range(&mock, &file, &own, true).await;
+    check_if_range(&mock, &file, "\"other\"", false).await;
+    // Without a Range, If-Range is ignored.
+    let (status, _, bytes) = get_with(&mock, &[("if-range", "\"other\"")], false).await;
+    assert_eq!(status, 200);
+    assert!(bytes == file);
 }
 
 // --- 4. the access log ---------------------------------------------------------------------
