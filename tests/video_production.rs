@@ -1365,6 +1365,155 @@ async fn video_access_log_lines_name_the_key_and_the_model() {
     assert_eq!(logs.access("/v1/video/generations").len(), 2);
 }
 
+/// Waits until `n` access lines under `prefix` are written (each when its body ends).
+async fn access_lines(logs: &Logs, prefix: &str, n: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        let lines = logs.access(prefix);
+        if lines.len() >= n {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("fewer than {n} access lines for {prefix}: {}", logs.text());
+}
+
+#[tokio::test]
+async fn video_access_lines_name_the_upstream_and_tell_its_failures_from_refusals() {
+    let (logs, _guard) = Logs::capture();
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    // Refused by the gateway: nothing went upstream.
+    let mut bad = body(MODEL);
+    bad["parameters"]["duration"] = json!(5);
+    create(&gw, &bad).await.error(400);
+    // Vertex refuses the gateway's token: the upstream's failure.
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "message": "Request had invalid authentication credentials."}}),
+    ));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.vertex_error.lock().unwrap() = None;
+    // No token to be had (the last one was dropped on the 401): the same.
+    *g.token_error.lock().unwrap() = Some((400, json!({"error": "invalid_grant"})));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.token_error.lock().unwrap() = None;
+    let lines = access_lines(&logs, "/v1/video/generations", 4).await;
+    let fields = |l: &Value| {
+        (
+            l["status"].as_u64().unwrap(),
+            l["upstream"].as_str().map(str::to_owned),
+            l["attempts"].as_u64().unwrap(),
+            l["outcome"].as_str().unwrap().to_owned(),
+        )
+    };
+    let vertex = Some("vertex".to_owned());
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+    assert_eq!(fields(&lines[1]).2, 0, "{}", lines[1]);
+    assert_eq!(fields(&lines[1]).3, "refused", "{}", lines[1]);
+    for l in &lines[2..] {
+        assert_eq!(
+            fields(l),
+            (502, vertex.clone(), 1, "upstream_error".into()),
+            "{l}"
+        );
+    }
+    // A lookup polls Vertex; the next, answered from the cache of a finished task, does not.
+    *g.operation.lock().unwrap() = done_gcs();
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    lookup(&gw, &id).await.task_id();
+    let lines = access_lines(&logs, "/v1/tasks/", 2).await;
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+    assert_eq!(fields(&lines[1]), (200, vertex.clone(), 0, "ok".into()));
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    let lines = access_lines(&logs, "/v1/files/", 1).await;
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+}
+
+#[tokio::test]
+async fn a_head_on_a_download_is_observed_as_ok() {
+    let (logs, _guard) = Logs::capture();
+    let g = Google::new();
+    let up = g.start().await;
+    let (gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let (status, _, _) = range_get(&url, None, true).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = range_get(&url, Some("bytes=0-9"), true).await;
+    assert_eq!(status, 206);
+    let lines = access_lines(&logs, "/v1/files/", 2).await;
+    for (l, status) in lines.iter().zip([200, 206]) {
+        assert_eq!(l["method"], "HEAD", "{l}");
+        assert_eq!(l["status"], status, "{l}");
+        assert_eq!(l["outcome"], "ok", "{l}");
+    }
+    let metrics = gw.metrics().await;
+    // 200: the create, the lookup and the HEAD.
+    for (status, n) in [(200, 3), (206, 1)] {
+        let line = format!("modelgate_requests_total{{model=\"{MODEL}\",upstream=\"vertex\",protocol=\"video\",status=\"{status}\",outcome=\"ok\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("client_cancelled"), "{metrics}");
+}
+
+#[tokio::test]
+async fn video_metrics_carry_the_model_and_upstream() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    *g.vertex_error.lock().unwrap() = Some((401, json!({"error": {"code": 401}})));
+    create(&gw, &body(MODEL)).await.error(502);
+    // A prefix entry: the label is the config's name for it, not what the client sent.
+    let toml = config(
+        &up.url(),
+        r#"
+[video]
+task_secrets_env = "SECRETS"
+
+[[upstreams]]
+name = "videomock"
+kind = "mock"
+
+[[models]]
+name = "video-*"
+upstream = "videomock"
+addresses = ["video"]
+"#,
+    );
+    let mock_gw = TestGateway::start_with_env(&toml, &[("SECRETS", "s1")]).await;
+    let mut b = body(MODEL);
+    b["input"]["prompt"] = json!("anything");
+    let id = create(&mock_gw, &b).await.task_id();
+    lookup(&mock_gw, &id).await.task_id();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let metrics = gw.metrics().await;
+    let count = |m: &str, model: &str, upstream: &str, status: u16, outcome: &str| {
+        let line = format!("modelgate_requests_total{{model=\"{model}\",upstream=\"{upstream}\",protocol=\"video\",status=\"{status}\",outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map(|n| n.trim().parse::<u64>().unwrap())
+            .unwrap_or_else(|| panic!("no {line} in:\n{m}"))
+    };
+    // The create, the lookup and the download.
+    assert_eq!(count(&metrics, MODEL, "vertex", 200, "ok"), 3);
+    assert_eq!(count(&metrics, MODEL, "vertex", 502, "upstream_error"), 1);
+    let route = format!("model=\"{MODEL}\",upstream=\"vertex\",protocol=\"video\"");
+    assert!(
+        metrics.contains(&format!(
+            "modelgate_request_duration_seconds_count{{{route}}} 4"
+        )),
+        "{metrics}"
+    );
+    let metrics = mock_gw.metrics().await;
+    assert_eq!(count(&metrics, "video-*", "videomock", 200, "ok"), 2);
+}
+
 // --- 5. upstream_auth_failed ---------------------------------------------------------------
 
 #[tokio::test]
