@@ -288,9 +288,11 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
     for (name, value) in ctx.extra_headers {
         headers.insert(name, value);
     }
+    // Only LLM answers name their upstream: a download link may be handed to anyone.
     if let Some(up) = ctx
         .upstream
         .as_deref()
+        .filter(|_| ep != Some(Endpoint::Video))
         .and_then(|u| HeaderValue::try_from(u).ok())
     {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
@@ -412,9 +414,13 @@ async fn video(
         seen: &seen,
     };
     let result = rt.video.handle(&gw.services, &rt.models, ep, call).await;
-    // Errors included: a refused create still names the model it asked for.
+    // Errors included: a refused create still names the model it asked for, and a failure
+    // after the upstream was reached is the upstream's (outcome `upstream_error`).
     ctx.client_model = seen.model.into_inner();
     ctx.key_name = seen.key.into_inner();
+    ctx.model = seen.entry.into_inner();
+    ctx.upstream = seen.upstream.into_inner();
+    ctx.attempts = u32::from(seen.reached.into_inner());
     result
 }
 

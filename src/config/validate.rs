@@ -769,7 +769,7 @@ fn validate_upstreams(
             None
         } else {
             google_source(&u, &path, env, base_dir, errors)
-                .map(|s| Arc::new(crate::google_auth::GoogleAuth::new(s)))
+                .map(|s| Arc::new(crate::google_auth::GoogleAuth::new(s, &u.name)))
         };
         if let Some(uri) = &u.storage_uri {
             if kind == UpstreamKind::VeoVertex {
