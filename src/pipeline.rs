@@ -218,6 +218,8 @@ static X_MODELGATE_UPSTREAM: http::HeaderName =
 static X_MODELGATE_ATTEMPTS: http::HeaderName =
     http::HeaderName::from_static("x-modelgate-attempts");
 static X_MODELGATE_DROPPED: http::HeaderName = http::HeaderName::from_static("x-modelgate-dropped");
+static X_MODELGATE_UPSTREAM_REQUEST_ID: http::HeaderName =
+    http::HeaderName::from_static("x-modelgate-upstream-request-id");
 
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
@@ -300,6 +302,14 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
             X_MODELGATE_ATTEMPTS.clone(),
             HeaderValue::from(ctx.attempts),
         );
+    }
+    // An upstream's own request id (OpenAI's comes as `x-request-id`) stays readable beside ours.
+    if let Some(theirs) = headers
+        .get(&X_REQUEST_ID)
+        .filter(|v| **v != ctx.request_id)
+        .cloned()
+    {
+        headers.insert(X_MODELGATE_UPSTREAM_REQUEST_ID.clone(), theirs);
     }
     headers.insert(X_REQUEST_ID.clone(), ctx.request_id.clone());
     let stream = body::is_event_stream(resp.headers());

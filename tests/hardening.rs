@@ -542,6 +542,36 @@ async fn an_event_over_max_event_bytes_ends_the_stream_with_the_protocols_error(
 }
 
 #[tokio::test]
+async fn an_upstream_s_own_x_request_id_stays_readable_beside_the_gateway_s() {
+    let up = FakeUpstream::start(|_| Reply::Full {
+        status: 200,
+        headers: vec![
+            ("content-type", "application/json".into()),
+            ("x-request-id", "req_openai_side".into()),
+        ],
+        body: Bytes::from(
+            json!({"id": "c", "object": "chat.completion", "created": 1, "model": "real-m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]})
+            .to_string(),
+        ),
+    })
+    .await;
+    let gw = hostile(&up).await;
+    let (status, headers, v) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
+    assert_eq!(status, 200, "{v}");
+    let ours = headers["x-request-id"].to_str().unwrap();
+    assert!(
+        ours.starts_with("req_") && ours != "req_openai_side",
+        "{ours}"
+    );
+    assert_eq!(up.last().headers["x-request-id"], ours);
+    assert_eq!(
+        headers["x-modelgate-upstream-request-id"],
+        "req_openai_side"
+    );
+}
+
+#[tokio::test]
 async fn headers_cross_the_proxy_by_allowlist_only() {
     let up = FakeUpstream::start(|_| Reply::Full {
         status: 200,
