@@ -438,8 +438,8 @@ pub fn build_call(
 /// redirect (its `Location` is the upstream's business), a 401 or 403 (about the gateway's own
 /// credential, not the client's key; the body may quote that credential, so it is not read), a
 /// stream request answered with something other than an event stream, and a reply declared
-/// larger than `max_reply`. The head is rewritten to HTTP/1.1 so an HTTP/1.0 upstream does not
-/// downgrade the client's response.
+/// larger than `max_reply`. The head is rewritten to HTTP/1.1, with the canonical reason phrase, so
+/// an HTTP/1.0 upstream does not downgrade the client's response.
 pub fn check_answer(
     upstream: &Upstream,
     mut resp: Response<UpstreamIncoming>,
@@ -504,5 +504,7 @@ pub fn check_answer(
         ));
     }
     *resp.version_mut() = http::Version::HTTP_11;
+    // hyper would write an upstream's own reason phrase ("400 Bad") into the client's status line.
+    resp.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
     Ok(resp)
 }

@@ -720,7 +720,7 @@ async fn a_stream_request_answered_with_html_is_a_502() {
 }
 
 #[tokio::test]
-async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
+async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response_or_name_its_status() {
     // A raw upstream that answers in HTTP/1.0 and closes.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -732,7 +732,7 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
                 let body =
                     json!({"id": "c", "object": "chat.completion", "choices": []}).to_string();
                 let answer = format!(
-                    "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    "HTTP/1.0 200 Fine By Upstream\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = s.write_all(answer.as_bytes()).await;
@@ -749,9 +749,10 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 12];
+    // The status line is the gateway's own: its version and the canonical reason phrase.
+    let mut head = [0u8; 17];
     s.read_exact(&mut head).await.unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200");
+    assert_eq!(&head, b"HTTP/1.1 200 OK\r\n");
 }
 
 #[tokio::test]
