@@ -178,3 +178,24 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(up.connections(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_stream_that_stops_at_its_terminal_event_leaves_its_connection_reusable() {
+    // The translator is done at `[DONE]` and drops the upstream body before the chunked body's
+    // last chunk is read; hyper drains what is already there and the connection serves again.
+    let up = FakeUpstream::start(|_| sse_reply()).await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    for _ in 0..6 {
+        let body = json!({"model": "m", "max_tokens": 64, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let text = post_text(&gw.base("/v1/messages"), &body).await;
+        assert!(text.contains("event: message_stop"), "{text}");
+    }
+    assert_eq!(up.seen().len(), 6);
+    // The last chunk could in principle arrive after the drop; it practically comes with `[DONE]`.
+    assert!(
+        up.connections() <= 2,
+        "{} connections for 6 streams",
+        up.connections()
+    );
+}

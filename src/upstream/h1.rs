@@ -132,7 +132,7 @@ impl H1Pool {
         authority: Authority,
     ) -> Response<PooledBody> {
         resp.map(|inner| PooledBody {
-            inner,
+            inner: Some(inner),
             conn: Some(conn),
             home: Some((Arc::clone(self), authority)),
         })
@@ -248,7 +248,8 @@ async fn exchange(
 /// A response body whose polling also drives its connection; at its end the connection goes back
 /// to the pool, and dropped earlier it closes the connection (the upstream sees the cancel).
 pub struct PooledBody {
-    inner: Incoming,
+    // Taken out only when the body is dropped, so hyper sees its reader gone before the drain.
+    inner: Option<Incoming>,
     // Boxed: hyper's connection state is most of a kilobyte, and stays put while pooled.
     conn: Option<Box<Conn>>,
     home: Option<(Arc<H1Pool>, Authority)>,
@@ -264,7 +265,7 @@ impl Body for PooledBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         let Some(conn) = &mut this.conn else {
-            return match Pin::new(&mut this.inner).poll_frame(cx) {
+            return match poll_inner(&mut this.inner, cx) {
                 Poll::Ready(frame) => this.finish(frame),
                 Poll::Pending => Poll::Pending,
             };
@@ -272,32 +273,53 @@ impl Body for PooledBody {
         // The body's channel is filled only by the connection, which this task drives: the body
         // is polled without a waker, so a frame the read below hands over does not wake the task
         // that is running it. The connection registers this task for the socket.
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(&mut quiet()) {
+        if let Poll::Ready(frame) = poll_inner(&mut this.inner, &mut quiet()) {
             return this.finish(frame);
         }
         if !conn.drive(cx) {
             // Ended: the channel now holds the rest of the body, or its error, and needs no waker.
             this.conn = None;
         }
-        match Pin::new(&mut this.inner).poll_frame(&mut quiet()) {
+        match poll_inner(&mut this.inner, &mut quiet()) {
             Poll::Ready(frame) => this.finish(frame),
             // Dropping the connection closed the channel, so this poll is ready.
-            Poll::Pending if this.conn.is_none() => {
-                match Pin::new(&mut this.inner).poll_frame(cx) {
-                    Poll::Ready(frame) => this.finish(frame),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
+            Poll::Pending if this.conn.is_none() => match poll_inner(&mut this.inner, cx) {
+                Poll::Ready(frame) => this.finish(frame),
+                Poll::Pending => Poll::Pending,
+            },
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+fn poll_inner(
+    inner: &mut Option<Incoming>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    match inner {
+        Some(body) => Pin::new(body).poll_frame(cx),
+        None => Poll::Ready(None),
+    }
+}
+
+impl Drop for PooledBody {
+    /// A body dropped before its end (a translator stops at the protocol's terminal event, before
+    /// the chunked body's last chunk): with its reader gone, hyper drains what is already here,
+    /// and a connection whose message is then complete goes back to the pool. One that is not
+    /// (the client left mid-stream) is closed, so the upstream sees the cancel.
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        self.release();
     }
 }
 
@@ -311,7 +333,9 @@ impl PooledBody {
             Some(Err(_)) => self.conn = None,
             // A body of known length may never be polled for its end (hyper's server stops at
             // the last byte of a `content-length` body), so its connection is released here.
-            Some(Ok(_)) if self.inner.is_end_stream() => self.release(),
+            Some(Ok(_)) if self.inner.as_ref().is_some_and(Incoming::is_end_stream) => {
+                self.release()
+            }
             Some(Ok(_)) => {}
         }
         Poll::Ready(frame)
