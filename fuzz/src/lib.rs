@@ -135,14 +135,9 @@ pub fn mutate(u: &mut Unstructured, v: &mut Value, depth: u32) -> Result<()> {
     Ok(())
 }
 
-/// A client request: a fixture of `client`'s mutated a few times, or (sometimes) a fresh tree.
-pub fn request_value(u: &mut Unstructured, client: Protocol) -> Result<Value> {
-    let seeds: Vec<&Value> = fixtures()
-        .requests
-        .iter()
-        .filter(|(p, _)| *p == client)
-        .map(|(_, v)| v)
-        .collect();
+/// A request of `kind`: one of its fixtures mutated a few times, or (sometimes) a fresh tree.
+pub fn request_value(u: &mut Unstructured, kind: RequestKind) -> Result<Value> {
+    let seeds = request_seeds(kind);
     let mut v = if u.ratio(1, 8)? || seeds.is_empty() {
         value(u, 0)?
     } else {
