@@ -158,6 +158,7 @@ struct BodyLimits {
     event_max: Option<usize>,
     /// Bytes since the last event boundary seen.
     event_len: usize,
+    event_ends: crate::sse::EventEnds,
 }
 
 impl BodyLimits {
@@ -169,7 +170,7 @@ impl BodyLimits {
             }
         }
         if let Some(max) = self.event_max {
-            self.event_len = match last_event_end(data) {
+            self.event_len = match self.event_ends.last_end(data) {
                 Some(end) => data.len() - end,
                 None => self.event_len.saturating_add(data.len()),
             };
@@ -190,16 +191,6 @@ fn reply_too_large(max: u64) -> GatewayError {
         ErrorKind::UpstreamBadResponse,
         format!("the upstream reply is larger than the limit of {max} bytes"),
     )
-}
-
-/// Where the last event in `data` ends (just after its blank line), scanning only line breaks.
-/// A boundary split across two frames is not seen, so an event may be counted with the one
-/// before it: the limit errs towards allowing, never towards cutting a stream that is in bounds.
-fn last_event_end(data: &[u8]) -> Option<usize> {
-    memchr::memrchr_iter(b'\n', data).find_map(|i| {
-        let before = &data[..i];
-        (before.ends_with(b"\n") || before.ends_with(b"\n\r")).then_some(i + 1)
-    })
 }
 
 impl<B> UpstreamBody<B> {
@@ -399,7 +390,11 @@ pin_project! {
     pub struct StripUsage<B> {
         #[pin]
         inner: B,
+        // The start of an event not yet complete; bounded by the event limit of the body below.
         pending: Vec<u8>,
+        // Where events end in `pending`, found as the bytes come.
+        ends: Vec<usize>,
+        scan: crate::sse::EventEnds,
         done: bool,
     }
 }
@@ -409,6 +404,8 @@ impl<B> StripUsage<B> {
         Self {
             inner,
             pending: Vec::new(),
+            ends: Vec::new(),
+            scan: crate::sse::EventEnds::default(),
             done: false,
         }
     }
@@ -421,7 +418,7 @@ fn usage_only(event: &[u8]) -> bool {
     }
     let text = String::from_utf8_lossy(event);
     let data: String = text
-        .lines()
+        .split(['\n', '\r'])
         .filter_map(|l| l.strip_prefix("data:"))
         .map(str::trim_start)
         .collect::<Vec<_>>()
@@ -434,24 +431,16 @@ fn usage_only(event: &[u8]) -> bool {
     })
 }
 
-/// The end of the last complete event in `buf` (after its blank line), if any.
-fn complete_end(buf: &[u8]) -> Option<usize> {
-    let lf = memchr::memmem::rfind(buf, b"\n\n").map(|i| i + 2);
-    let crlf = memchr::memmem::rfind(buf, b"\r\n\r\n").map(|i| i + 4);
-    lf.max(crlf)
-}
-
-/// `bytes` without its usage-only events.
-fn without_usage(bytes: &[u8]) -> Vec<u8> {
+/// The events of `bytes` (ending at `ends`, then the rest) without the usage-only ones.
+fn without_usage(bytes: &[u8], ends: &[usize]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let end = memchr::memmem::find(rest, b"\n\n").map_or(rest.len(), |i| i + 2);
-        let (event, tail) = rest.split_at(end);
+    let mut start = 0;
+    for &end in ends.iter().chain(std::iter::once(&bytes.len())) {
+        let event = &bytes[start..end];
         if !usage_only(event) {
             out.extend_from_slice(event);
         }
-        rest = tail;
+        start = end;
     }
     out
 }
@@ -477,19 +466,24 @@ where
                     let Some(data) = frame.data_ref() else {
                         return Poll::Ready(Some(Ok(frame)));
                     };
+                    let base = this.pending.len();
+                    let ends = &mut *this.ends;
+                    this.scan.feed(data, |end| ends.push(base + end));
                     // The common frame: whole events, no usage. It goes on untouched.
-                    if this.pending.is_empty()
-                        && complete_end(data) == Some(data.len())
+                    if base == 0
+                        && ends.last() == Some(&data.len())
                         && memchr::memmem::find(data, b"\"usage\"").is_none()
                     {
+                        ends.clear();
                         return Poll::Ready(Some(Ok(frame)));
                     }
                     this.pending.extend_from_slice(data);
-                    let Some(end) = complete_end(this.pending) else {
+                    let Some(&end) = ends.last() else {
                         continue;
                     };
-                    let out = without_usage(&this.pending[..end]);
+                    let out = without_usage(&this.pending[..end], &ends[..ends.len() - 1]);
                     this.pending.drain(..end);
+                    ends.clear();
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                     }
@@ -497,7 +491,7 @@ where
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => {
                     *this.done = true;
-                    let out = without_usage(&std::mem::take(this.pending));
+                    let out = without_usage(&std::mem::take(this.pending), &[]);
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                     }
@@ -570,6 +564,64 @@ mod tests {
                 "frames of {size}"
             );
         }
+    }
+
+    type TestFrames = std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>;
+
+    fn frames_of(
+        parts: Vec<Vec<u8>>,
+    ) -> http_body_util::StreamBody<futures_util::stream::Iter<TestFrames>> {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = parts
+            .into_iter()
+            .map(|p| Ok(Frame::data(Bytes::from(p))))
+            .collect();
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn the_usage_chunk_is_taken_out_under_crlf_and_cr_line_ends() {
+        for eol in ["\r\n", "\r"] {
+            let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n".replace('\n', eol);
+            let want = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+                .replace('\n', eol);
+            for size in [1, 7, 40, stream.len()] {
+                let parts = stream.as_bytes().chunks(size).map(<[u8]>::to_vec).collect();
+                let got = StripUsage::new(frames_of(parts)).collect().await;
+                let got = got.map(|c| c.to_bytes());
+                assert_eq!(
+                    got.ok().as_deref(),
+                    Some(want.as_bytes()),
+                    "{eol:?} frames of {size}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn events_within_the_limit_pass_however_their_ends_are_split() {
+        for eol in ["\n", "\r\n", "\r"] {
+            let event = format!("data: {}{eol}{eol}", "x".repeat(120));
+            // Each frame ends inside an event's blank line, so no frame holds a whole boundary.
+            let mut parts = Vec::new();
+            for _ in 0..200 {
+                let whole = event.as_bytes();
+                let cut = whole.len() - eol.len();
+                parts.push(whole[..cut].to_vec());
+                parts.push(whole[cut..].to_vec());
+            }
+            let sent: Vec<u8> = parts.concat();
+            let body =
+                UpstreamBody::new(frames_of(parts), Duration::from_secs(5), StreamGuard::None)
+                    .with_event_limit(4096);
+            let got = body.collect().await.map(|c| c.to_bytes());
+            assert_eq!(got.ok().as_deref(), Some(&sent[..]), "{eol:?}");
+        }
+        // One event over the limit is still refused.
+        let big = format!("data: {}\n\n", "x".repeat(5000)).into_bytes();
+        let parts = big.chunks(100).map(<[u8]>::to_vec).collect();
+        let body = UpstreamBody::new(frames_of(parts), Duration::from_secs(5), StreamGuard::None)
+            .with_event_limit(4096);
+        assert!(body.collect().await.is_err());
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
-//! Google access tokens for Vertex AI and Cloud Storage, found as Google's client libraries find them (a service-account key by the signed-JWT flow, else the metadata server), cached and refreshed one fetch at a time.
+//! Google access tokens for Vertex AI and Cloud Storage, found as Google's client libraries find them (a service-account key by the signed-JWT flow, else the metadata server), cached, and refreshed in the background before expiry, one fetch at a time.
 
 use std::fmt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -10,9 +10,10 @@ use http::{header, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::instrument::WithSubscriber as _;
 
-use crate::config::Upstream;
 use crate::error::{ErrorKind, GatewayError};
 use crate::upstream::UpstreamClient;
 
@@ -22,11 +23,17 @@ const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 /// Where Google's libraries look when nothing else is configured.
 pub const DEFAULT_METADATA_ROOT: &str = "http://metadata.google.internal";
 const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
-/// A token is replaced this long before it expires, so no request goes out with one about to lapse.
-const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+/// A token is refreshed this long before it expires: Google's client libraries' figure, and the
+/// metadata server hands out the same cached token until about 4 min before its expiry, so an
+/// earlier refresh would only get the same token again.
+const REFRESH_MARGIN: Duration = Duration::from_secs(225);
+/// After a failed background refresh, the next is not tried before this (doubling each time, up to
+/// [`MAX_BACKOFF`]): the token still works, and a token endpoint in trouble is not hammered.
+const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Lifetime asked for in the JWT assertion (Google's maximum).
 const ASSERTION_LIFETIME_S: u64 = 3600;
-/// The longest a token fetch may take: every request of the upstream waits for it.
+/// The longest a token fetch may take: without a valid token, every request of the upstream waits for it.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// A token answer is a few hundred bytes; anything much larger is not one.
 const ANSWER_LIMIT: usize = 64 * 1024;
@@ -128,27 +135,52 @@ struct Token {
     expires_at: Instant,
 }
 
+/// What a fetch hands to the requests waiting for it: the new `Authorization` value, or why there is none.
+type Fetched = Option<Result<HeaderValue, GatewayError>>;
+
 #[derive(Default)]
 struct State {
     token: Option<Token>,
-    /// The last fetch's failure, shared with the requests that waited for that fetch.
-    failure: Option<GatewayError>,
+    /// The fetch under way: whoever needs its result subscribes, so one fetch runs at a time.
+    fetching: Option<watch::Receiver<Fetched>>,
+    /// After a failed refresh, no background refresh is started before this.
+    quiet_until: Option<Instant>,
+    /// The pause after the last failed refresh; zero once one succeeds.
+    backoff: Duration,
+}
+
+impl State {
+    /// The fetch under way, unless its task ended without an answer (a runtime shutting down).
+    fn live_fetch(&self) -> Option<&watch::Receiver<Fetched>> {
+        self.fetching
+            .as_ref()
+            .filter(|rx| rx.has_changed().is_ok() || rx.borrow().is_some())
+    }
 }
 
 /// One upstream's Google credential and its cached token.
+///
+/// A token still valid is always served at once: past its refresh time the first request starts
+/// one refresh in the background and nobody waits for it. Only without a valid token do requests
+/// wait, all for the same fetch.
 pub struct GoogleAuth {
+    /// Shared with the background refresh, which outlives the request that started it.
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     source: Source,
-    /// Held across a fetch: whoever waits for it gets that fetch's result, so one fetch runs at a time.
-    state: tokio::sync::Mutex<State>,
-    /// Fetches finished so far: a waiter that sees it move knows a fetch ran while it waited.
-    fetches: AtomicU64,
+    /// The upstream's name, for errors and logs.
+    upstream: String,
+    /// Held only to read or update, never across a fetch.
+    state: std::sync::Mutex<State>,
     /// The current and the previous token, so upstream error text that quotes one can be scrubbed.
     recent: std::sync::Mutex<Vec<String>>,
 }
 
 impl fmt::Debug for GoogleAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GoogleAuth({:?})", self.source)
+        write!(f, "GoogleAuth({:?})", self.inner.source)
     }
 }
 
@@ -168,18 +200,26 @@ struct TokenAnswer {
 }
 
 impl GoogleAuth {
-    pub fn new(source: Source) -> Self {
+    /// The credential of the upstream named `upstream`.
+    pub fn new(source: Source, upstream: &str) -> Self {
         Self {
-            source,
-            state: tokio::sync::Mutex::new(State::default()),
-            fetches: AtomicU64::new(0),
-            recent: std::sync::Mutex::new(Vec::new()),
+            inner: Arc::new(Inner {
+                source,
+                upstream: upstream.to_owned(),
+                state: std::sync::Mutex::new(State::default()),
+                recent: std::sync::Mutex::new(Vec::new()),
+            }),
         }
     }
 
     /// `text` with every recent token replaced by `[redacted]`.
     pub fn scrub(&self, text: &str) -> String {
-        let recent = self.recent.lock().map(|r| r.clone()).unwrap_or_default();
+        let recent = self
+            .inner
+            .recent
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
         let mut out = text.as_bytes().to_vec();
         for t in recent.iter().filter(|t| !t.is_empty()) {
             out = crate::body::redact(&out, t.as_bytes());
@@ -188,66 +228,128 @@ impl GoogleAuth {
     }
 
     pub fn source(&self) -> &Source {
-        &self.source
+        &self.inner.source
     }
 
-    /// The `Authorization` value to send now: the cached token, or a fresh one.
+    /// The `Authorization` value to send now: the cached token while it is valid (a refresh
+    /// started behind it when due), else the result of the one fetch under way.
     pub async fn authorization(
         &self,
         client: &UpstreamClient,
-        upstream: &Upstream,
     ) -> Result<HeaderValue, GatewayError> {
-        let seen = self.fetches.load(Ordering::Acquire);
-        let mut state = self.state.lock().await;
-        let now = Instant::now();
-        if let Some(t) = state.token.as_ref().filter(|t| now < t.refresh_at) {
-            return Ok(t.header.clone());
-        }
-        if self.fetches.load(Ordering::Acquire) != seen {
-            // A fetch ran while this request waited: its result is this request's too (a token
-            // short of the margin still works; a failure is shared, not repeated per waiter).
-            // The next request to come starts a new fetch.
+        let mut fetch = {
+            let mut state = self.inner.lock();
+            let now = Instant::now();
             if let Some(t) = state.token.as_ref().filter(|t| now < t.expires_at) {
-                return Ok(t.header.clone());
+                let header = t.header.clone();
+                let due = now >= t.refresh_at
+                    && state.live_fetch().is_none()
+                    && state.quiet_until.is_none_or(|q| now >= q);
+                if due {
+                    state.fetching = Some(self.start(client));
+                }
+                return Ok(header);
             }
-            if let Some(e) = &state.failure {
-                return Err(e.clone());
+            match state.live_fetch() {
+                Some(rx) => rx.clone(),
+                None => {
+                    let rx = self.start(client);
+                    state.fetching = Some(rx.clone());
+                    rx
+                }
             }
+        };
+        let fetched = fetch
+            .wait_for(Option::is_some)
+            .await
+            .map(|v| v.clone())
+            .ok()
+            .flatten();
+        fetched.unwrap_or_else(|| {
+            Err(failure(
+                &self.inner.upstream,
+                "the token fetch ended without an answer".to_owned(),
+            ))
+        })
+    }
+
+    /// Forgets the cached token if it is `sent`, which an upstream has just refused (401): the
+    /// next request fetches a new one instead of sending the refused one until it expires.
+    ///
+    /// Compared, not just dropped: a request that went out with an older token must not throw
+    /// away the newer one.
+    pub fn reject(&self, sent: &HeaderValue) {
+        let mut state = self.inner.lock();
+        if state.token.as_ref().is_some_and(|t| t.header == *sent) {
+            state.token = None;
+            state.quiet_until = None;
+            tracing::warn!(upstream = %self.inner.upstream, "an upstream refused the cached Google access token; the next request fetches a new one");
         }
-        let result = match tokio::time::timeout(FETCH_TIMEOUT, self.fetch(client, upstream)).await {
+    }
+
+    /// Starts one fetch in its own task; its result goes to the cache and to every subscriber.
+    fn start(&self, client: &UpstreamClient) -> watch::Receiver<Fetched> {
+        let (tx, rx) = watch::channel(None);
+        let inner = self.inner.clone();
+        let client = client.clone();
+        let task = async move {
+            let result = inner.refresh(&client).await;
+            // Nobody may be waiting (a background refresh): the cache already has the result.
+            let _ = tx.send(Some(result));
+        };
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "one token fetch at a time, bounded by FETCH_TIMEOUT; it must outlive the request that started it, whose client may leave while others wait for the token"
+        )]
+        tokio::spawn(task.with_current_subscriber());
+        rx
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing panics while the lock is held; a poisoned lock still holds a consistent state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One fetch, its result kept in the cache.
+    async fn refresh(&self, client: &UpstreamClient) -> Result<HeaderValue, GatewayError> {
+        let result = match tokio::time::timeout(FETCH_TIMEOUT, self.fetch(client)).await {
             Ok(r) => r,
             Err(_) => Err(failure(
-                upstream,
+                &self.upstream,
                 format!("no token within {} s", FETCH_TIMEOUT.as_secs()),
             )),
         };
-        self.fetches.fetch_add(1, Ordering::Release);
+        let mut state = self.lock();
+        state.fetching = None;
+        let now = Instant::now();
         match result {
             Ok(token) => {
                 let header = token.header.clone();
                 state.token = Some(token);
-                state.failure = None;
+                state.quiet_until = None;
+                state.backoff = Duration::ZERO;
                 Ok(header)
             }
             Err(e) => {
-                state.failure = Some(e.clone());
-                // A token that has not yet expired still works while the refresh is retried.
-                match state.token.as_ref().filter(|t| now < t.expires_at) {
-                    Some(t) => {
-                        tracing::warn!(upstream = %upstream.name, error = %e, "refreshing the Google access token failed; the current one is used until it expires");
-                        Ok(t.header.clone())
-                    }
-                    None => Err(e),
+                let backoff = if state.backoff.is_zero() {
+                    FIRST_BACKOFF
+                } else {
+                    (state.backoff * 2).min(MAX_BACKOFF)
+                };
+                state.backoff = backoff;
+                state.quiet_until = Some(now + backoff);
+                if state.token.as_ref().is_some_and(|t| now < t.expires_at) {
+                    tracing::warn!(upstream = %self.upstream, error = %e, retry_in_s = backoff.as_secs(), "refreshing the Google access token failed; the current one is used until it expires");
                 }
+                Err(e)
             }
         }
     }
 
-    async fn fetch(
-        &self,
-        client: &UpstreamClient,
-        upstream: &Upstream,
-    ) -> Result<Token, GatewayError> {
+    async fn fetch(&self, client: &UpstreamClient) -> Result<Token, GatewayError> {
+        let upstream = self.upstream.as_str();
         let (req, from) = match &self.source {
             Source::ServiceAccount {
                 email,
@@ -294,7 +396,7 @@ impl GoogleAuth {
         };
         let req = req.map_err(|e| failure(upstream, format!("building the token request: {e}")))?;
         let resp = client
-            .send(upstream, req)
+            .send_as(upstream, req)
             .await
             .map_err(|e| failure(upstream, format!("{from} did not answer: {e}")))?;
         let (parts, body) = resp.into_parts();
@@ -338,7 +440,7 @@ impl GoogleAuth {
         }
         let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(ASSERTION_LIFETIME_S));
         let now = Instant::now();
-        tracing::info!(upstream = %upstream.name, expires_in_s = lifetime.as_secs(), "fetched a Google access token");
+        tracing::info!(upstream = %upstream, expires_in_s = lifetime.as_secs(), "fetched a Google access token");
         Ok(Token {
             header,
             refresh_at: now + lifetime.saturating_sub(REFRESH_MARGIN),
@@ -347,13 +449,10 @@ impl GoogleAuth {
     }
 }
 
-fn failure(upstream: &Upstream, cause: String) -> GatewayError {
+fn failure(upstream: &str, cause: String) -> GatewayError {
     GatewayError::new(
         ErrorKind::UpstreamAuthFailed,
-        format!(
-            "could not get an access token for upstream {:?}: {cause}",
-            upstream.name
-        ),
+        format!("could not get an access token for upstream {upstream:?}: {cause}"),
     )
 }
 

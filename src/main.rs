@@ -179,12 +179,6 @@ async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
     for k in config.keys.iter().filter(|k| k.plaintext.is_some()) {
         tracing::warn!(key = %k.name, "plaintext key in the config file: fine for a demo, use sha256 or key_env in production");
     }
-    if config.video.task_secrets.is_empty() {
-        tracing::warn!(
-            var = %config.video.task_secrets_env,
-            "no video task secret set: using a random one, so task ids will not survive a restart"
-        );
-    }
     let running = match server::start(&config).await {
         Ok(r) => r,
         Err(e) => {
@@ -192,6 +186,13 @@ async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if config.video.task_secrets.is_empty() {
+        tracing::warn!(
+            var = %config.video.task_secrets_env,
+            "no video task secret set: using a random one, so task ids will not survive a restart"
+        );
+    }
+    warn_if_descriptors_short(&config);
     let scheme = if config.tls.is_some() {
         "https"
     } else {
@@ -302,4 +303,32 @@ async fn run_mock(listen: String, delay: Duration) -> ExitCode {
         _ = shutdown_signal() => {}
     }
     ExitCode::SUCCESS
+}
+
+/// Warns when the listeners' `max_connections` together exceed the process's descriptor limit:
+/// past it, accepts fail before the limit the config promises is reached.
+fn warn_if_descriptors_short(config: &modelgate::config::Config) {
+    let Some(soft) = open_files_limit() else {
+        return;
+    };
+    let listeners = [Address::Base, Address::TokenPlan, Address::Video]
+        .into_iter()
+        .filter(|a| config.listen.get(*a).is_some())
+        .count() as u64;
+    let wanted = (config.limits.max_connections as u64).saturating_mul(listeners);
+    if wanted > soft {
+        tracing::warn!(
+            max_connections = config.limits.max_connections,
+            listeners,
+            open_files = soft,
+            "the listeners' max_connections together exceed the open-files limit (ulimit -n); raise it or lower max_connections"
+        );
+    }
+}
+
+/// The soft limit on open descriptors, from `/proc/self/limits` (Linux).
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }

@@ -420,6 +420,9 @@ struct Finisher {
     last_chunk: Option<Instant>,
     chunks: u64,
     gaps: Option<Histogram>,
+    /// An answer to HEAD (whose body hyper drops unread) or an empty body: dropped unpolled, it
+    /// was still sent whole.
+    nothing_to_send: bool,
 }
 
 impl Finisher {
@@ -534,16 +537,19 @@ pin_project! {
     impl<B> PinnedDrop for Observed<B> {
         fn drop(this: Pin<&mut Self>) {
             if let Some(mut f) = this.project().finisher.take() {
-                // Dropped before its end: the client left (or the connection broke).
-                f.finish(false);
+                // Dropped before its end: the client left (or the connection broke), unless
+                // there was nothing to send.
+                let ended = f.nothing_to_send;
+                f.finish(ended);
             }
         }
     }
 }
 
-impl<B> Observed<B> {
+impl<B: HttpBody> Observed<B> {
     /// Counts the request in flight until the body is over; `stream` for an event stream.
     pub fn new(inner: B, record: Record, metrics: Arc<Metrics>, stream: bool) -> Self {
+        let nothing_to_send = record.method == http::Method::HEAD || inner.is_end_stream();
         metrics.in_flight.inc();
         if stream {
             metrics.in_flight_streams.inc();
@@ -558,6 +564,7 @@ impl<B> Observed<B> {
                 last_chunk: None,
                 chunks: 0,
                 gaps: None,
+                nothing_to_send,
             })),
         }
     }

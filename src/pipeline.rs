@@ -218,6 +218,8 @@ static X_MODELGATE_UPSTREAM: http::HeaderName =
 static X_MODELGATE_ATTEMPTS: http::HeaderName =
     http::HeaderName::from_static("x-modelgate-attempts");
 static X_MODELGATE_DROPPED: http::HeaderName = http::HeaderName::from_static("x-modelgate-dropped");
+static X_MODELGATE_UPSTREAM_REQUEST_ID: http::HeaderName =
+    http::HeaderName::from_static("x-modelgate-upstream-request-id");
 
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
@@ -288,9 +290,11 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
     for (name, value) in ctx.extra_headers {
         headers.insert(name, value);
     }
+    // Only LLM answers name their upstream: a download link may be handed to anyone.
     if let Some(up) = ctx
         .upstream
         .as_deref()
+        .filter(|_| ep != Some(Endpoint::Video))
         .and_then(|u| HeaderValue::try_from(u).ok())
     {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
@@ -298,6 +302,14 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
             X_MODELGATE_ATTEMPTS.clone(),
             HeaderValue::from(ctx.attempts),
         );
+    }
+    // An upstream's own request id (OpenAI's comes as `x-request-id`) stays readable beside ours.
+    if let Some(theirs) = headers
+        .get(&X_REQUEST_ID)
+        .filter(|v| **v != ctx.request_id)
+        .cloned()
+    {
+        headers.insert(X_MODELGATE_UPSTREAM_REQUEST_ID.clone(), theirs);
     }
     headers.insert(X_REQUEST_ID.clone(), ctx.request_id.clone());
     let stream = body::is_event_stream(resp.headers());
@@ -412,9 +424,13 @@ async fn video(
         seen: &seen,
     };
     let result = rt.video.handle(&gw.services, &rt.models, ep, call).await;
-    // Errors included: a refused create still names the model it asked for.
+    // Errors included: a refused create still names the model it asked for, and a failure
+    // after the upstream was reached is the upstream's (outcome `upstream_error`).
     ctx.client_model = seen.model.into_inner();
     ctx.key_name = seen.key.into_inner();
+    ctx.model = seen.entry.into_inner();
+    ctx.upstream = seen.upstream.into_inner();
+    ctx.attempts = u32::from(seen.reached.into_inner());
     result
 }
 
@@ -1143,8 +1159,18 @@ async fn translated_response(
     Ok(resp)
 }
 
+/// The slowest average pace a request body may arrive at once `client_body_timeout` has passed:
+/// far below any real link, far above a client dribbling bytes to hold a connection.
+const MIN_BODY_RATE: u64 = 1024;
+
+/// How much longer than `client_body_timeout` a body that has sent `received` bytes may take.
+fn body_allowance(received: u64) -> Duration {
+    Duration::from_millis(received.saturating_mul(1000) / MIN_BODY_RATE)
+}
+
 /// Reads the whole request body, refusing with 413 as soon as it exceeds
-/// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout`.
+/// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout` or
+/// sends slower than `MIN_BODY_RATE` after it.
 pub(crate) async fn read_body(
     mut body: Incoming,
     headers: &HeaderMap,
@@ -1166,10 +1192,24 @@ pub(crate) async fn read_body(
     }
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
+    let started = tokio::time::Instant::now();
     loop {
-        // Each wait is bounded, not the whole body: a large upload at a steady pace is fine,
-        // one byte every few seconds is not.
-        let frame = match tokio::time::timeout(limits.client_body_timeout, body.frame()).await {
+        // Each wait is bounded by the silence allowed, and the whole body by a pace: a large
+        // upload at a steady rate is fine, one byte every few seconds is not.
+        let now = tokio::time::Instant::now();
+        let paced = started + limits.client_body_timeout + body_allowance(total);
+        let silent = now + limits.client_body_timeout;
+        let frame = match tokio::time::timeout_at(paced.min(silent), body.frame()).await {
+            Err(_) if paced < silent => {
+                return Err(GatewayError::new(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "the request body is arriving slower than {MIN_BODY_RATE} bytes a second \
+                         (after the first {} ms)",
+                        limits.client_body_timeout.as_millis()
+                    ),
+                ))
+            }
             Err(_) => {
                 return Err(GatewayError::new(
                     ErrorKind::RequestTimeout,

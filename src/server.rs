@@ -279,10 +279,11 @@ impl Connection {
     }
 }
 
-/// When a client connection last moved a byte, and how many of its requests are in progress.
+/// When a client connection last finished a request, and how many are in progress: only
+/// requests keep a connection open, not bytes (HTTP/2 PINGs or a head that never ends do not).
 struct Activity {
     opened: Instant,
-    /// Milliseconds from `opened` to the last byte read or written.
+    /// Milliseconds from `opened` to the end of the last request.
     last_ms: AtomicU64,
     requests: AtomicUsize,
 }
@@ -306,8 +307,8 @@ impl Activity {
         RequestGuard(self.clone())
     }
 
-    /// Resolves once the connection has had no request in progress and no byte either way for
-    /// `idle`, counted from accept.
+    /// Resolves once the connection has had no request in progress for `idle`, counted from
+    /// accept or from the end of its last request.
     async fn idle_for(&self, idle: Duration) {
         loop {
             let last = self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
@@ -361,13 +362,7 @@ impl<S: AsyncRead> AsyncRead for Watched<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let res = this.inner.poll_read(cx, buf);
-        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.activity.touch();
-        }
-        res
+        self.project().inner.poll_read(cx, buf)
     }
 }
 
@@ -397,9 +392,6 @@ impl<S: AsyncWrite> Watched<S> {
             }
             Poll::Ready(Ok(n)) => {
                 *this.stalled = None;
-                if n > 0 {
-                    this.activity.touch();
-                }
                 Poll::Ready(Ok(n))
             }
             other => other,

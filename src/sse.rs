@@ -126,6 +126,50 @@ impl SseDecoder {
     }
 }
 
+/// Finds where events end (just after their blank line) in a stream fed in arbitrary pieces,
+/// whatever its line ends (`\n`, `\r\n`, `\r`), looking at each byte once: what passes events
+/// through without decoding them measures and cuts them with it.
+#[derive(Debug, Default)]
+pub struct EventEnds {
+    /// The current line has bytes: a line end here does not end an event.
+    in_line: bool,
+    /// The last byte was a `\r` line end: a `\n` right after it belongs to it.
+    after_cr: bool,
+}
+
+impl EventEnds {
+    /// Feeds the next piece; `each` gets the offset (in `data`) just after every event's end.
+    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(usize)) {
+        let mut line_start = 0;
+        for i in memchr::memchr2_iter(b'\n', b'\r', data) {
+            let content = i > line_start;
+            line_start = i + 1;
+            if content {
+                self.in_line = true;
+            } else if data[i] == b'\n' && self.after_cr {
+                self.after_cr = false;
+                continue;
+            }
+            if !self.in_line {
+                each(i + 1);
+            }
+            self.in_line = false;
+            self.after_cr = data[i] == b'\r';
+        }
+        if line_start < data.len() {
+            self.in_line = true;
+            self.after_cr = false;
+        }
+    }
+
+    /// Feeds the next piece; where the last event that ends in it ends.
+    pub fn last_end(&mut self, data: &[u8]) -> Option<usize> {
+        let mut last = None;
+        self.feed(data, |end| last = Some(end));
+        last
+    }
+}
+
 /// Writes one event: `event: <name>` (when given) and `data: <json>`, then the blank line.
 pub fn write_event(out: &mut Vec<u8>, name: Option<&str>, data: &[u8]) {
     if let Some(name) = name {

@@ -125,6 +125,16 @@ impl UpstreamClient {
         upstream: &Upstream,
         req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
+        self.send_as(&upstream.name, req).await
+    }
+
+    /// [`send`](Self::send) on behalf of the upstream named `upstream` (a token fetch, which runs
+    /// in its own task and holds only the name).
+    pub async fn send_as(
+        &self,
+        upstream: &str,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         let plain = req.uri().scheme() == Some(&http::uri::Scheme::HTTP);
         let fut = async {
             if plain {
@@ -145,8 +155,7 @@ impl UpstreamClient {
                 ErrorKind::UpstreamTimeout,
                 RetryClass::Timeout,
                 format!(
-                    "upstream {:?} did not answer within {} ms",
-                    upstream.name,
+                    "upstream {upstream:?} did not answer within {} ms",
                     self.first_byte_timeout.as_millis()
                 ),
                 FirstByteTimeout(self.first_byte_timeout),
@@ -175,19 +184,19 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn classify(upstream: &Upstream, e: hyper_util::client::legacy::Error) -> GatewayError {
+fn classify(upstream: &str, e: hyper_util::client::legacy::Error) -> GatewayError {
     let connect = e.is_connect();
     failed(upstream, connect, e)
 }
 
-fn classify_plain(upstream: &Upstream, e: h1::SendError) -> GatewayError {
+fn classify_plain(upstream: &str, e: h1::SendError) -> GatewayError {
     match e {
         h1::SendError::Connect(e) => failed(upstream, true, ConnectFailed(e)),
         h1::SendError::Request(e) => failed(upstream, false, e),
         h1::SendError::Closed => failed(upstream, false, ClosedEarly),
         h1::SendError::NoAuthority => GatewayError::new(
             ErrorKind::Internal,
-            format!("upstream {:?} has no host in its URL", upstream.name),
+            format!("upstream {upstream:?} has no host in its URL"),
         ),
     }
 }
@@ -203,7 +212,7 @@ struct ConnectFailed(#[source] Box<dyn std::error::Error + Send + Sync>);
 struct ClosedEarly;
 
 /// An upstream call that got no response head: unreachable (`connect`) or failed on the way.
-fn failed<E>(upstream: &Upstream, connect: bool, e: E) -> GatewayError
+fn failed<E>(upstream: &str, connect: bool, e: E) -> GatewayError
 where
     E: std::error::Error + Send + Sync + 'static,
 {
@@ -222,7 +231,7 @@ where
         GatewayError::upstream(
             kind,
             class,
-            format!("cannot connect to upstream {:?}: {cause}", upstream.name),
+            format!("cannot connect to upstream {upstream:?}: {cause}"),
             e,
         )
     } else {
@@ -230,10 +239,7 @@ where
         GatewayError::upstream(
             ErrorKind::UpstreamUnreachable,
             RetryClass::ServerError,
-            format!(
-                "upstream {:?} failed before answering: {cause}",
-                upstream.name
-            ),
+            format!("upstream {upstream:?} failed before answering: {cause}"),
             e,
         )
     }
@@ -432,8 +438,8 @@ pub fn build_call(
 /// redirect (its `Location` is the upstream's business), a 401 or 403 (about the gateway's own
 /// credential, not the client's key; the body may quote that credential, so it is not read), a
 /// stream request answered with something other than an event stream, and a reply declared
-/// larger than `max_reply`. The head is rewritten to HTTP/1.1 so an HTTP/1.0 upstream does not
-/// downgrade the client's response.
+/// larger than `max_reply`. The head is rewritten to HTTP/1.1, with the canonical reason phrase, so
+/// an HTTP/1.0 upstream does not downgrade the client's response.
 pub fn check_answer(
     upstream: &Upstream,
     mut resp: Response<UpstreamIncoming>,
@@ -498,5 +504,7 @@ pub fn check_answer(
         ));
     }
     *resp.version_mut() = http::Version::HTTP_11;
+    // hyper would write an upstream's own reason phrase ("400 Bad") into the client's status line.
+    resp.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
     Ok(resp)
 }

@@ -27,6 +27,7 @@ mod veo;
 pub use veo::body as veo_body;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -38,7 +39,7 @@ use serde::Serialize;
 
 use crate::auth::Principal;
 use crate::body::{self, Body};
-use crate::config::{Address, Config, Upstream, UpstreamKind};
+use crate::config::{Address, Config, Model, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, ErrorShape, GatewayError};
 use crate::gateway::Services;
 use crate::route::ModelTable;
@@ -133,8 +134,8 @@ impl VideoService {
     ) -> Result<Response<Body>, GatewayError> {
         let result = match ep {
             Endpoint::Create => self.create(gw, models, call).await,
-            Endpoint::Lookup(id) => self.lookup(gw, call, id).await,
-            Endpoint::Download(id) => self.download(gw, id, call).await,
+            Endpoint::Lookup(id) => self.lookup(gw, models, call, id).await,
+            Endpoint::Download(id) => self.download(gw, models, id, call).await,
         };
         match result {
             Ok(resp) => Ok(resp),
@@ -169,8 +170,10 @@ impl VideoService {
         let _ = call.seen.model.set(client_model.clone());
         principal.check_model(&client_model, Address::Video)?;
         let model = models.resolve(&client_model, Address::Video)?.clone();
-        let checked = request::validate(&obj)?;
+        let _ = call.seen.entry.set(model.clone());
         let upstream = &model.primary().upstream;
+        call.seen.route(upstream);
+        let checked = request::validate(&obj)?;
         let upstream_model = match (&model.primary().upstream_model, upstream.kind) {
             (Some(name), _) => name.clone(),
             // The interface's "video-" stands in for the vendor's name (§E.4).
@@ -182,6 +185,7 @@ impl VideoService {
             }
             (None, _) => client_model.clone(),
         };
+        call.seen.reach(upstream);
         let reference = match upstream.kind {
             UpstreamKind::Mock => mock::reference(&checked),
             UpstreamKind::Video => {
@@ -233,6 +237,7 @@ impl VideoService {
     async fn lookup(
         &self,
         gw: &Services,
+        models: &ModelTable,
         call: Call<'_>,
         id: &str,
     ) -> Result<Response<Body>, Failure> {
@@ -253,6 +258,7 @@ impl VideoService {
             .clone()
             .unwrap_or_else(|| task.model.clone());
         let _ = call.seen.model.set(model_name.clone());
+        call.seen.entry_of(models, &model_name);
         let upstream = self.upstreams.get(&task.upstream).ok_or_else(|| {
             GatewayError::new(
                 ErrorKind::NotFound,
@@ -262,14 +268,20 @@ impl VideoService {
                 ),
             )
         })?;
+        call.seen.route(upstream);
         // Concurrent lookups of one task share one poll; its result is kept per `TaskExpiry`.
         let outcome = self
             .cache
             .try_get_with(id.to_owned(), async {
+                call.seen.reach(upstream);
                 poll(gw, upstream, &task, request_id).await.map(Arc::new)
             })
             .await
-            .map_err(|e| (*e).clone())?;
+            .map_err(|e| {
+                // A failed poll is never kept: whoever shared it got it from the upstream too.
+                call.seen.reach(upstream);
+                (*e).clone()
+            })?;
         let mut data = TaskData::new(id, outcome.status);
         match &outcome.video {
             Some(Video::Public(url)) => data.url = Some(url.clone()),
@@ -306,6 +318,7 @@ impl VideoService {
     async fn download(
         &self,
         gw: &Services,
+        models: &ModelTable,
         id: &str,
         call: Call<'_>,
     ) -> Result<Response<Body>, Failure> {
@@ -319,6 +332,7 @@ impl VideoService {
         }
         if !file.model.is_empty() {
             let _ = call.seen.model.set(file.model.clone());
+            call.seen.entry_of(models, &file.model);
         }
         if file.expires_s < now_ms() / 1000 {
             return Err(GatewayError::new(
@@ -335,9 +349,29 @@ impl VideoService {
                 self.upstreams.get(upstream).map(Arc::as_ref)
             }
         };
+        // The mock's file names no upstream: it is the model's, when that is a mock.
+        let mock = call
+            .seen
+            .entry
+            .get()
+            .map(|m| &m.primary().upstream)
+            .filter(|u| u.kind == UpstreamKind::Mock);
+        match (upstream, &file.source) {
+            (Some(u), _) => call.seen.reach(u),
+            (None, token::FileSource::Mock) => {
+                if let Some(u) = mock {
+                    call.seen.reach(u);
+                }
+            }
+            (None, _) => {}
+        }
+        let range = range::parse(call.headers);
         let want = download::Want {
             head: call.method == Method::HEAD,
-            range: range::parse(call.headers),
+            range,
+            // RFC 9110 §13.1.5: ignored without a range.
+            if_range: range.and_then(|_| call.headers.get(header::IF_RANGE).cloned()),
+            tag: download::file_tag(id),
         };
         download::serve(
             gw,
@@ -436,13 +470,39 @@ impl<'a> Endpoint<'a> {
     }
 }
 
-/// What a video request turned out to be about, for its access log line (gateway.md §12).
+/// What a video request turned out to be about, for its access log line and metrics (gateway.md §12).
 #[derive(Default, Debug)]
 pub struct Seen {
     /// The key's name where no `Authorization` named it (a download: from its signed id).
     pub key: OnceLock<String>,
     /// The model as the client named it (a lookup or download: the task's).
     pub model: OnceLock<String>,
+    /// The config entry serving that model, whose name is the metrics' label.
+    pub entry: OnceLock<Arc<Model>>,
+    /// The upstream the request is for, by its config name.
+    pub upstream: OnceLock<String>,
+    /// Whether the request went to that upstream (a lookup answered from the cache did not), so
+    /// a failure after it is the upstream's, not a refusal.
+    pub reached: AtomicBool,
+}
+
+impl Seen {
+    fn route(&self, upstream: &Upstream) {
+        let _ = self.upstream.set(upstream.name.clone());
+    }
+
+    fn reach(&self, upstream: &Upstream) {
+        self.route(upstream);
+        self.reached.store(true, Ordering::Relaxed);
+    }
+
+    /// The entry now serving `model` (a task's, named when it was created): the label is a
+    /// config name even if the config changed since; none if the model is gone.
+    fn entry_of(&self, models: &ModelTable, model: &str) {
+        if let Ok(m) = models.resolve(model, Address::Video) {
+            let _ = self.entry.set(m.clone());
+        }
+    }
 }
 
 /// What the pipeline hands over with a video request.

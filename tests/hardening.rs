@@ -209,6 +209,69 @@ async fn a_connection_that_never_sends_a_byte_is_closed() {
 }
 
 #[tokio::test]
+async fn an_http2_connection_that_only_pings_is_closed() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = hostile(&up).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // A PING every 100 ms, well inside the 300 ms idle limit, and never a request.
+    let ping = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00pingpong";
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if s.write_all(ping).await.is_err() {
+                return;
+            }
+            let read = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await;
+            if let Ok(Ok(0) | Err(_)) = read {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "PINGs kept a connection with no request open"
+    );
+}
+
+#[tokio::test]
+async fn a_request_body_dribbled_inside_the_silence_limit_is_still_cut_off() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = hostile(&up).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let body = serde_json::to_string(&chat_body("m")).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    // One byte every 100 ms: never silent for the 300 ms body timeout, but far below 1 KiB/s.
+    let (mut rd, mut wr) = s.into_split();
+    let bytes = body.into_bytes();
+    let dribble = tokio::spawn(async move {
+        for b in bytes {
+            if wr.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut answer)).await;
+    dribble.abort();
+    assert!(read.is_ok(), "the dribbled upload was never cut off");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("slower than 1024 bytes a second"), "{text}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
 async fn a_tls_session_that_never_sends_a_request_is_closed() {
     use std::sync::Arc;
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
@@ -479,6 +542,36 @@ async fn an_event_over_max_event_bytes_ends_the_stream_with_the_protocols_error(
 }
 
 #[tokio::test]
+async fn an_upstream_s_own_x_request_id_stays_readable_beside_the_gateway_s() {
+    let up = FakeUpstream::start(|_| Reply::Full {
+        status: 200,
+        headers: vec![
+            ("content-type", "application/json".into()),
+            ("x-request-id", "req_openai_side".into()),
+        ],
+        body: Bytes::from(
+            json!({"id": "c", "object": "chat.completion", "created": 1, "model": "real-m",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]})
+            .to_string(),
+        ),
+    })
+    .await;
+    let gw = hostile(&up).await;
+    let (status, headers, v) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
+    assert_eq!(status, 200, "{v}");
+    let ours = headers["x-request-id"].to_str().unwrap();
+    assert!(
+        ours.starts_with("req_") && ours != "req_openai_side",
+        "{ours}"
+    );
+    assert_eq!(up.last().headers["x-request-id"], ours);
+    assert_eq!(
+        headers["x-modelgate-upstream-request-id"],
+        "req_openai_side"
+    );
+}
+
+#[tokio::test]
 async fn headers_cross_the_proxy_by_allowlist_only() {
     let up = FakeUpstream::start(|_| Reply::Full {
         status: 200,
@@ -627,7 +720,7 @@ async fn a_stream_request_answered_with_html_is_a_502() {
 }
 
 #[tokio::test]
-async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
+async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response_or_name_its_status() {
     // A raw upstream that answers in HTTP/1.0 and closes.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -639,7 +732,7 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
                 let body =
                     json!({"id": "c", "object": "chat.completion", "choices": []}).to_string();
                 let answer = format!(
-                    "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    "HTTP/1.0 200 Fine By Upstream\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = s.write_all(answer.as_bytes()).await;
@@ -656,9 +749,10 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_response() {
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 12];
+    // The status line is the gateway's own: its version and the canonical reason phrase.
+    let mut head = [0u8; 17];
     s.read_exact(&mut head).await.unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200");
+    assert_eq!(&head, b"HTTP/1.1 200 OK\r\n");
 }
 
 #[tokio::test]

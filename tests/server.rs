@@ -310,3 +310,80 @@ fn serve_exits_0_on_sigterm() {
     assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A preloadable library whose `syscall()` fails the getrandom system call (the `getrandom`
+/// crate's path to the OS random source) and passes every other call on.
+const NO_RANDOM_SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/syscall.h>
+
+long syscall(long number, ...) {
+    va_list args;
+    va_start(args, number);
+    long a[6];
+    for (int i = 0; i < 6; i++) a[i] = va_arg(args, long);
+    va_end(args);
+    if (number == SYS_getrandom) {
+        errno = EIO;
+        return -1;
+    }
+    long (*next)(long, ...) = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    return next(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+"#;
+
+#[test]
+fn serve_refuses_to_start_when_the_os_random_source_fails() {
+    let dir = temp_dir("norandom");
+    let src = dir.join("shim.c");
+    let lib = dir.join("shim.so");
+    std::fs::write(&src, NO_RANDOM_SHIM).unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler (cc) builds the test's shim");
+    assert!(built.success());
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"mock\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nupstream = \"mock\"\n",
+    )
+    .unwrap();
+    let mut child = bin()
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env("LD_PRELOAD", &lib)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It must end by itself; a gateway that started anyway is killed after 15 s and fails below.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("refusing to start"), "{log}");
+    assert!(!log.contains("listening on"), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -83,11 +83,16 @@ impl Logs {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ranges {
-    /// Cloud Storage honours `Range` (206).
+    /// Cloud Storage honours `Range` (206) and `If-Range` (200 when it does not match).
     Honoured,
+    /// The file server honours `Range` but ignores `If-Range`.
+    RangeOnly,
     /// The file server ignores `Range` (200 with the whole file and its length).
     Ignored,
 }
+
+const GCS_ETAG: &str = "\"CKih16GjycICEAE=\"";
+const GCS_LAST_MODIFIED: &str = "Tue, 01 Jul 2025 10:00:00 GMT";
 
 #[derive(Clone)]
 struct Google {
@@ -99,12 +104,16 @@ struct Google {
     token_error: Arc<Mutex<Option<(u16, Value)>>>,
     /// Pause before a token answer (to make callers overlap).
     token_delay: Arc<Mutex<Duration>>,
+    /// While set, token answers wait until it reads `true` (a token endpoint that hangs).
+    token_gate: Arc<Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
     /// A JWT that did not verify, if any (the reason).
     bad_assertion: Arc<Mutex<Option<String>>>,
     operation: Arc<Mutex<Value>>,
     /// A status and body Vertex answers with instead, when set.
     vertex_error: Arc<Mutex<Option<(u16, Value)>>>,
     ranges: Arc<Mutex<Ranges>>,
+    /// Whether the file server sends `ETag` and `Last-Modified` (Cloud Storage does).
+    validators: Arc<Mutex<bool>>,
     file: Bytes,
 }
 
@@ -115,10 +124,12 @@ impl Google {
             expires_in: Arc::new(Mutex::new(3600)),
             token_error: Arc::default(),
             token_delay: Arc::default(),
+            token_gate: Arc::default(),
             bad_assertion: Arc::default(),
             operation: Arc::new(Mutex::new(json!({"name": VERTEX_OP}))),
             vertex_error: Arc::default(),
             ranges: Arc::new(Mutex::new(Ranges::Honoured)),
+            validators: Arc::new(Mutex::new(true)),
             file: Bytes::from((0..50_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()),
         }
     }
@@ -133,12 +144,28 @@ impl Google {
             200,
             json!({"access_token": format!("ya29.tok-{n}"), "expires_in": *self.expires_in.lock().unwrap(), "token_type": "Bearer"}),
         );
+        self.held(reply)
+    }
+
+    /// `reply` after the configured delay, and after the gate opens when one is set.
+    fn held(&self, reply: Reply) -> Reply {
         let delay = *self.token_delay.lock().unwrap();
-        if delay.is_zero() {
+        let reply = if delay.is_zero() {
             reply
         } else {
             Reply::After(delay, Box::new(reply))
+        };
+        match self.token_gate.lock().unwrap().clone() {
+            Some(gate) => Reply::Gated(gate, Box::new(reply)),
+            None => reply,
         }
+    }
+
+    /// Closes the token endpoint: answers wait until the returned sender sends `true`.
+    fn close_token_gate(&self) -> tokio::sync::watch::Sender<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        *self.token_gate.lock().unwrap() = Some(rx);
+        tx
     }
 
     /// Checks the signed-JWT grant as Google's token endpoint would.
@@ -189,8 +216,7 @@ impl Google {
             match (seen.method.as_str(), path.as_str()) {
                 ("POST", "/token") => {
                     if let Some((status, body)) = g.token_error.lock().unwrap().clone() {
-                        let delay = *g.token_delay.lock().unwrap();
-                        return Reply::After(delay, Box::new(Reply::json(status, body)));
+                        return g.held(Reply::json(status, body));
                     }
                     let token_uri = format!("{}/token", addr2.lock().unwrap());
                     if let Err(why) = g.verify_grant(seen, &token_uri) {
@@ -219,7 +245,12 @@ impl Google {
                     if let Some((status, body)) = g.vertex_error.lock().unwrap().clone() {
                         return Reply::json(status, body);
                     }
-                    file_reply(&g.file, seen, *g.ranges.lock().unwrap())
+                    file_reply(
+                        &g.file,
+                        seen,
+                        *g.ranges.lock().unwrap(),
+                        *g.validators.lock().unwrap(),
+                    )
                 }
                 _ => Reply::json(404, json!({"error": {"code": 404, "message": format!("no route {path}")}})),
             }
@@ -230,8 +261,9 @@ impl Google {
     }
 }
 
-/// A file server: with `Honoured`, one `bytes=a-b`/`a-`/`-n` range answers 206.
-fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
+/// A file server: with `Honoured`, one `bytes=a-b`/`a-`/`-n` range answers 206 unless an
+/// `If-Range` does not match; with `validators`, answers carry `ETag` and `Last-Modified`.
+fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges, validators: bool) -> Reply {
     let len = file.len() as u64;
     let range = seen
         .headers
@@ -240,13 +272,26 @@ fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
         .and_then(|v| v.strip_prefix("bytes="))
         .and_then(|v| v.split_once('-'))
         .map(|(a, b)| (a.to_owned(), b.to_owned()));
+    let if_range_matches = match seen.headers.get("if-range").map(|v| v.to_str().unwrap()) {
+        None => true,
+        Some(v) => validators && (v == GCS_ETAG || v == GCS_LAST_MODIFIED),
+    };
     let headers = |extra: Vec<(&'static str, String)>| {
         let mut h = vec![("content-type", "video/mp4".to_owned())];
+        if validators {
+            h.push(("etag", GCS_ETAG.to_owned()));
+            h.push(("last-modified", GCS_LAST_MODIFIED.to_owned()));
+        }
         h.extend(extra);
         h
     };
-    match (ranges, range) {
-        (Ranges::Honoured, Some((a, b))) => {
+    let cut = match ranges {
+        Ranges::Honoured => if_range_matches,
+        Ranges::RangeOnly => true,
+        Ranges::Ignored => false,
+    };
+    match range.filter(|_| cut) {
+        Some((a, b)) => {
             let (first, last) = match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
                 (Some(a), Some(b)) => (a, b.min(len - 1)),
                 (Some(a), None) => (a, len - 1),
@@ -269,7 +314,7 @@ fn file_reply(file: &Bytes, seen: &Seen, ranges: Ranges) -> Reply {
                 body: file.slice(first as usize..=last as usize),
             }
         }
-        _ => Reply::Full {
+        None => Reply::Full {
             status: 200,
             headers: headers(vec![]),
             body: file.clone(),
@@ -349,19 +394,39 @@ fn done_gcs() -> Value {
 
 // --- 1. Google credentials -----------------------------------------------------------------
 
-#[tokio::test]
-async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_expiry() {
-    let g = Google::new();
-    let up = g.start().await;
+/// Waits up to 5 s for `done`, which something in the background makes true.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..250 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+/// Requests to the token endpoint so far (answered or not).
+fn token_calls(up: &FakeUpstream) -> usize {
+    up.seen().iter().filter(|s| s.uri == "/token").count()
+}
+
+async fn key_file_gateway(up: &FakeUpstream) -> TestGateway {
     let path = key_file(&format!("{}/token", up.url()));
-    let gw = vertex_gateway(
+    vertex_gateway(
         &up.url(),
         &format!("credentials_file = {:?}", path.to_str().unwrap()),
         "",
         &[],
     )
-    .await;
-    // The first token expires within the refresh margin (5 min): the next call replaces it.
+    .await
+}
+
+#[tokio::test]
+async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_expiry() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    // The first token expires within the refresh margin: the next call starts its refresh.
     *g.expires_in.lock().unwrap() = 200;
     let id = create(&gw, &body(MODEL)).await.task_id();
     assert_eq!(*g.bad_assertion.lock().unwrap(), None);
@@ -372,67 +437,209 @@ async fn a_service_account_key_is_exchanged_for_cached_tokens_refreshed_before_e
         .unwrap()
         .clone_from(&json!({"name": VERTEX_OP, "done": false}));
     assert_eq!(lookup(&gw, &id).await.task_status(), "RUNNING");
-    assert_eq!(g.fetches(), 2, "refreshed before it expired");
+    eventually("refreshed before it expired", || g.fetches() == 2).await;
+    uses_new_token(&gw, &up, "Bearer ya29.tok-2").await;
     for _ in 0..3 {
         create(&gw, &body(MODEL)).await.task_id();
     }
     assert_eq!(g.fetches(), 2, "a fresh token is reused");
     let sent = authorization(&up, is_vertex);
-    assert_eq!(sent[0], "Bearer ya29.tok-1");
+    assert_eq!(
+        sent[..2],
+        ["Bearer ya29.tok-1", "Bearer ya29.tok-1"],
+        "the lookup that started the refresh did not wait for it"
+    );
+    let first_new = sent.iter().position(|a| a == "Bearer ya29.tok-2").unwrap();
     assert!(
-        sent[1..].iter().all(|a| a == "Bearer ya29.tok-2"),
+        sent[..first_new].iter().all(|a| a == "Bearer ya29.tok-1")
+            && sent[first_new..].iter().all(|a| a == "Bearer ya29.tok-2"),
         "{sent:?}"
     );
 }
 
+/// Creates tasks until one goes out with `token` (a refresh lands in the cache just after the
+/// token endpoint answers; meanwhile requests are served the old token at once).
+async fn uses_new_token(gw: &TestGateway, up: &FakeUpstream, token: &str) {
+    for _ in 0..100 {
+        let n = authorization(up, is_vertex).len();
+        create(gw, &body(MODEL)).await.task_id();
+        if authorization(up, is_vertex)[n] == token {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{token} is never used");
+}
+
 #[tokio::test]
-async fn a_token_not_yet_expired_is_used_while_its_refresh_fails() {
+async fn the_refresh_margin_is_three_minutes_45_seconds() {
+    let g = Google::new();
+    let up = g.start().await;
+    // 230 s left: outside the margin, so the token is simply reused.
+    *g.expires_in.lock().unwrap() = 230;
+    let gw = key_file_gateway(&up).await;
+    create(&gw, &body(MODEL)).await.task_id();
+    create(&gw, &body(MODEL)).await.task_id();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(g.fetches(), 1, "no refresh with 230 s left");
+    // 220 s left: inside it, so the next request starts a refresh.
+    *g.expires_in.lock().unwrap() = 220;
+    let gw = key_file_gateway(&up).await;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    create(&gw, &body(MODEL)).await.task_id();
+    eventually("a refresh with 220 s left", || g.fetches() == 3).await;
+}
+
+#[tokio::test]
+async fn a_due_refresh_runs_in_the_background_while_the_valid_token_is_served() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    *g.expires_in.lock().unwrap() = 200;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(token_calls(&up), 1);
+    // From now on the token endpoint hangs until released.
+    let release = g.close_token_gate();
+    *g.expires_in.lock().unwrap() = 3600;
+    let within = Duration::from_secs(2);
+    for _ in 0..3 {
+        let a = tokio::time::timeout(within, create(&gw, &body(MODEL)))
+            .await
+            .expect("a request with a valid token does not wait for its refresh");
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    let b = body(MODEL);
+    let together = futures_util::future::join_all((0..10).map(|_| create(&gw, &b)));
+    for a in tokio::time::timeout(within, together)
+        .await
+        .expect("concurrent requests do not wait either")
+    {
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    eventually("the refresh reached the token endpoint", || {
+        token_calls(&up) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(token_calls(&up), 2, "fourteen requests, one refresh");
+    let sent = authorization(&up, is_vertex);
+    assert_eq!(sent.len(), 14);
+    assert!(sent.iter().all(|a| a == "Bearer ya29.tok-1"), "{sent:?}");
+
+    release.send(true).unwrap();
+    uses_new_token(&gw, &up, "Bearer ya29.tok-2").await;
+    assert_eq!(token_calls(&up), 2);
+}
+
+#[tokio::test]
+async fn a_failed_background_refresh_backs_off_while_the_token_is_valid() {
     let (logs, _guard) = Logs::capture();
     let g = Google::new();
     let up = g.start().await;
-    let path = key_file(&format!("{}/token", up.url()));
-    let gw = vertex_gateway(
-        &up.url(),
-        &format!("credentials_file = {:?}", path.to_str().unwrap()),
-        "",
-        &[],
-    )
-    .await;
+    let gw = key_file_gateway(&up).await;
     // Inside the refresh margin, but valid for 200 s more.
     *g.expires_in.lock().unwrap() = 200;
     create(&gw, &body(MODEL)).await.task_id();
     *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
     let a = create(&gw, &body(MODEL)).await;
     assert_eq!(a.status, 200, "{}", a.json);
-    assert!(logs
-        .text()
-        .contains("refreshing the Google access token failed"));
+    eventually("the refresh failed", || {
+        logs.text()
+            .contains("refreshing the Google access token failed")
+    })
+    .await;
+    assert_eq!(token_calls(&up), 2);
+    for _ in 0..5 {
+        let a = create(&gw, &body(MODEL)).await;
+        assert_eq!(a.status, 200, "{}", a.json);
+    }
+    assert_eq!(
+        token_calls(&up),
+        2,
+        "no new refresh during the backoff after a failed one"
+    );
     *g.token_error.lock().unwrap() = None;
     *g.expires_in.lock().unwrap() = 3600;
+    // The first backoff is 5 s.
+    tokio::time::sleep(Duration::from_millis(5100)).await;
     create(&gw, &body(MODEL)).await.task_id();
-    assert_eq!(
-        authorization(&up, is_vertex),
-        [
-            "Bearer ya29.tok-1",
-            "Bearer ya29.tok-1",
-            "Bearer ya29.tok-2"
-        ],
-        "the failed refresh was tried again by the next request"
+    eventually("retried after the backoff", || token_calls(&up) == 3).await;
+    uses_new_token(&gw, &up, "Bearer ya29.tok-2").await;
+    let sent = authorization(&up, is_vertex);
+    assert!(
+        sent[..sent.len() - 1]
+            .iter()
+            .all(|a| a == "Bearer ya29.tok-1"),
+        "{sent:?}"
     );
+    assert_eq!(token_calls(&up), 3);
 
-    // An expired token is not: the failed refresh is the request's failure.
-    let gw = vertex_gateway(
-        &up.url(),
-        &format!("credentials_file = {:?}", path.to_str().unwrap()),
-        "",
-        &[],
-    )
-    .await;
+    // An expired token is not: the failed fetch is the request's failure.
+    let gw = key_file_gateway(&up).await;
     *g.expires_in.lock().unwrap() = 0;
     assert_eq!(create(&gw, &body(MODEL)).await.status, 200);
     *g.token_error.lock().unwrap() = Some((503, json!({"error": "backend_error"})));
     let msg = create(&gw, &body(MODEL)).await.error(502);
     assert!(msg.starts_with("UPSTREAM_AUTH_FAILED: "), "{msg}");
+    // And with no valid token there is no backoff: the next request tries again.
+    let before = token_calls(&up);
+    create(&gw, &body(MODEL)).await.error(502);
+    assert_eq!(token_calls(&up), before + 1);
+}
+
+#[tokio::test]
+async fn an_upstream_401_drops_the_cached_token() {
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 1);
+    // Vertex refuses the token (revoked, say): the client gets the 502 as before…
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "status": "UNAUTHENTICATED", "message": "Request had invalid authentication credentials."}}),
+    ));
+    let msg = create(&gw, &body(MODEL)).await.error(502);
+    assert!(msg.starts_with("UPSTREAM_AUTH_FAILED: "), "{msg}");
+    *g.vertex_error.lock().unwrap() = None;
+    // …and the next request fetches a new token instead of sending the refused one again.
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    assert_eq!(
+        authorization(&up, is_vertex).last().unwrap(),
+        "Bearer ya29.tok-2"
+    );
+    // A 403 is about permissions, which a new token does not change: the token stays.
+    *g.vertex_error.lock().unwrap() = Some((
+        403,
+        json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "denied"}}),
+    ));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.vertex_error.lock().unwrap() = None;
+    create(&gw, &body(MODEL)).await.task_id();
+    assert_eq!(g.fetches(), 2);
+    // Cloud Storage's 401 on a download does the same.
+    *g.operation.lock().unwrap() = done_gcs();
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "message": "Invalid Credentials"}}),
+    ));
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 502);
+    *g.vertex_error.lock().unwrap() = None;
+    let (status, _, bytes) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    assert!(bytes == g.file);
+    assert_eq!(g.fetches(), 3);
+    assert_eq!(
+        authorization(&up, |u| u.starts_with("/gcs/")),
+        ["Bearer ya29.tok-2", "Bearer ya29.tok-3"]
+    );
 }
 
 #[tokio::test]
@@ -551,7 +758,7 @@ async fn the_metadata_server_supplies_tokens_on_google_cloud() {
         authorization(&up, is_vertex),
         ["Bearer ya29.tok-1", "Bearer ya29.tok-1"]
     );
-    // Refreshed like any token: one within the margin is replaced by the next request.
+    // Refreshed like any token: one within the margin is replaced behind the next request.
     *g.expires_in.lock().unwrap() = 100;
     let gw = vertex_gateway(
         &up.url(),
@@ -562,7 +769,7 @@ async fn the_metadata_server_supplies_tokens_on_google_cloud() {
     .await;
     create(&gw, &body(MODEL)).await.task_id();
     create(&gw, &body(MODEL)).await.task_id();
-    assert_eq!(g.fetches(), 3);
+    eventually("the second request started a refresh", || g.fetches() == 3).await;
     *g.expires_in.lock().unwrap() = 3600;
     // GCE_METADATA_HOST, as Google's libraries read it: a bare host:port.
     let host = up.addr.to_string();
@@ -820,6 +1027,10 @@ async fn a_range_follows_a_gemini_download_and_an_unknown_length_is_served_whole
     let (status, h, bytes) = range_get(&url, Some("bytes=0-9"), false).await;
     assert_eq!(status, 200);
     assert!(h.get("content-range").is_none());
+    assert!(
+        h.get("accept-ranges").is_none(),
+        "no promise of ranges on an answer that could not honour one: {h:?}"
+    );
     assert!(bytes == script.file);
     let hops: Vec<Seen> = up.seen().into_iter().rev().take(2).collect();
     for hop in &hops {
@@ -869,6 +1080,246 @@ async fn the_mock_file_serves_ranges_too() {
     assert!(bytes == file.slice(file.len() - 100..));
 }
 
+// --- validators and If-Range -----------------------------------------------------------------
+
+async fn get_with(
+    url: &str,
+    headers: &[(&str, &str)],
+    head: bool,
+) -> (u16, http::HeaderMap, Bytes) {
+    let mut req = if head {
+        client().head(url)
+    } else {
+        client().get(url)
+    };
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.bytes().await.unwrap())
+}
+
+/// A gateway whose Vertex upstream's next task finishes with `operation`, and that task's file URL.
+async fn finished_file(g: &Google, up: &FakeUpstream, operation: Value) -> (TestGateway, String) {
+    let gw = vertex_gateway(
+        &up.url(),
+        "api_key_env = \"VT\"",
+        "",
+        &[("VT", "vertex-token")],
+    )
+    .await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    *g.operation.lock().unwrap() = operation;
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (gw, url)
+}
+
+fn done_inline(file: &Bytes) -> Value {
+    json!({"name": VERTEX_OP, "done": true,
+           "response": {"videos": [{"bytesBase64Encoded": STANDARD.encode(file), "mimeType": "video/mp4"}]}})
+}
+
+/// The mock's finished file URL, once its task has succeeded.
+async fn mock_file() -> (TestGateway, String) {
+    let gw = TestGateway::start_with_env(
+        &harness::video_config(harness::Kind::Mock, "http://127.0.0.1:1", 1),
+        &harness::env("s"),
+    )
+    .await;
+    let mut b = body(MODEL);
+    b["input"]["prompt"] = json!("anything");
+    let id = create(&gw, &b).await.task_id();
+    loop {
+        let a = lookup(&gw, &id).await;
+        if a.task_status() == "SUCCEEDED" {
+            let url = a.json["data"]["url"].as_str().unwrap().to_owned();
+            return (gw, url);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `ETag` of every answer for `url` (GET, HEAD, whole, range): one strong tag, the same each time.
+async fn one_strong_tag(url: &str) -> String {
+    let mut tags = Vec::new();
+    for (range, head) in [
+        (None, false),
+        (None, true),
+        (Some("bytes=0-99"), false),
+        (Some("bytes=0-99"), true),
+    ] {
+        let (status, h, _) = range_get(url, range, head).await;
+        assert!(status == 200 || status == 206, "{status}");
+        let tag = h
+            .get("etag")
+            .unwrap_or_else(|| panic!("no ETag for {range:?} head={head}: {h:?}"));
+        tags.push(tag.to_str().unwrap().to_owned());
+    }
+    assert!(tags.iter().all(|t| *t == tags[0]), "{tags:?}");
+    assert!(
+        tags[0].starts_with('"') && tags[0].ends_with('"') && tags[0].len() > 2,
+        "a strong tag: {}",
+        tags[0]
+    );
+    tags[0].clone()
+}
+
+#[tokio::test]
+async fn downloads_carry_the_files_validators() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (_gw, url) = finished_file(&g, &up, done_gcs()).await;
+    // Cloud Storage's validators pass through, on GET and HEAD, 200 and 206.
+    for (range, head) in [
+        (None, false),
+        (None, true),
+        (Some("bytes=0-99"), false),
+        (Some("bytes=0-99"), true),
+    ] {
+        let (status, h, _) = range_get(&url, range, head).await;
+        assert!(status == 200 || status == 206, "{status}");
+        assert_eq!(h["etag"], GCS_ETAG, "{range:?} head={head}");
+        assert_eq!(
+            h["last-modified"], GCS_LAST_MODIFIED,
+            "{range:?} head={head}"
+        );
+    }
+    // A source with none: the file id's own strong tag, and no made-up date.
+    *g.validators.lock().unwrap() = false;
+    let own = one_strong_tag(&url).await;
+    assert_ne!(own, GCS_ETAG);
+    assert!(range_get(&url, None, false)
+        .await
+        .1
+        .get("last-modified")
+        .is_none());
+    // Inline results and the mock have no validators either.
+    let (_gw, inline) = finished_file(&g, &up, done_inline(&g.file)).await;
+    let inline_tag = one_strong_tag(&inline).await;
+    assert_ne!(inline_tag, own, "another file id, another tag");
+    let (_gw, mock) = mock_file().await;
+    one_strong_tag(&mock).await;
+}
+
+/// `Range: bytes=10-19` with `If-Range: if_range` on `url` (GET and HEAD): the range when
+/// `partial`, else the whole file as 200.
+async fn check_if_range(url: &str, file: &Bytes, if_range: &str, partial: bool) {
+    let len = file.len();
+    for head in [false, true] {
+        let (status, h, bytes) = get_with(
+            url,
+            &[("range", "bytes=10-19"), ("if-range", if_range)],
+            head,
+        )
+        .await;
+        let what = format!("If-Range {if_range} head={head}");
+        if partial {
+            assert_eq!(status, 206, "{what}");
+            assert_eq!(
+                h["content-range"],
+                format!("bytes 10-19/{len}").as_str(),
+                "{what}"
+            );
+            assert_eq!(h["content-length"], "10", "{what}");
+            if !head {
+                assert!(bytes == file.slice(10..=19), "{what}");
+            }
+        } else {
+            assert_eq!(status, 200, "{what}");
+            assert!(h.get("content-range").is_none(), "{what}");
+            if head {
+                if let Some(n) = h.get("content-length") {
+                    assert_eq!(n, len.to_string().as_str(), "{what}");
+                }
+            } else {
+                assert!(bytes == *file, "{what}: the whole file");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn if_range_gets_the_range_only_while_the_file_is_the_same() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (_gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let weak = format!("W/{GCS_ETAG}");
+    let cases: [(&str, bool); 5] = [
+        (GCS_ETAG, true),
+        (GCS_LAST_MODIFIED, true),
+        ("\"CKih16GjycICEAI=\"", false),
+        ("Tue, 01 Jul 2025 10:00:01 GMT", false),
+        (&weak, false),
+    ];
+    // Whether Cloud Storage weighs If-Range itself, ignores it, or ignores ranges altogether,
+    // the client gets the range only when its copy is of the same file.
+    for ranges in [Ranges::Honoured, Ranges::RangeOnly, Ranges::Ignored] {
+        *g.ranges.lock().unwrap() = ranges;
+        for (if_range, partial) in cases {
+            check_if_range(&url, &g.file, if_range, partial).await;
+        }
+    }
+    let forwarded = up
+        .seen()
+        .into_iter()
+        .filter(|s| s.uri.starts_with("/gcs/"))
+        .any(|s| {
+            s.headers.get("if-range").map(|v| v.as_bytes()) == Some(GCS_ETAG.as_bytes())
+                && s.headers["range"] == "bytes=10-19"
+        });
+    assert!(forwarded, "If-Range goes upstream with the range");
+
+    // Without validators of its own, the file id's tag is the one that matches; it is weighed
+    // by the gateway, not sent to the upstream (to which it means nothing).
+    *g.validators.lock().unwrap() = false;
+    *g.ranges.lock().unwrap() = Ranges::Honoured;
+    let own = range_get(&url, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let before = up.seen().len();
+    check_if_range(&url, &g.file, &own, true).await;
+    for s in &up.seen()[before..] {
+        assert!(s.headers.get("if-range").is_none(), "{:?}", s.headers);
+    }
+    check_if_range(&url, &g.file, GCS_ETAG, false).await;
+    check_if_range(&url, &g.file, GCS_LAST_MODIFIED, false).await;
+
+    // An inline result and the mock: the same, weighed by the gateway alone.
+    let (_gw, inline) = finished_file(&g, &up, done_inline(&g.file)).await;
+    let own = range_get(&inline, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    check_if_range(&inline, &g.file, &own, true).await;
+    check_if_range(&inline, &g.file, "\"other\"", false).await;
+    check_if_range(&inline, &g.file, GCS_LAST_MODIFIED, false).await;
+    let (_gw, mock) = mock_file().await;
+    let file = client()
+        .get(&mock)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let own = range_get(&mock, None, true).await.1["etag"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    check_if_range(&mock, &file, &own, true).await;
+    check_if_range(&mock, &file, "\"other\"", false).await;
+    // Without a Range, If-Range is ignored.
+    let (status, _, bytes) = get_with(&mock, &[("if-range", "\"other\"")], false).await;
+    assert_eq!(status, 200);
+    assert!(bytes == file);
+}
+
 // --- 4. the access log ---------------------------------------------------------------------
 
 #[tokio::test]
@@ -915,6 +1366,155 @@ async fn video_access_log_lines_name_the_key_and_the_model() {
         }
     }
     assert_eq!(logs.access("/v1/video/generations").len(), 2);
+}
+
+/// Waits until `n` access lines under `prefix` are written (each when its body ends).
+async fn access_lines(logs: &Logs, prefix: &str, n: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        let lines = logs.access(prefix);
+        if lines.len() >= n {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("fewer than {n} access lines for {prefix}: {}", logs.text());
+}
+
+#[tokio::test]
+async fn video_access_lines_name_the_upstream_and_tell_its_failures_from_refusals() {
+    let (logs, _guard) = Logs::capture();
+    let g = Google::new();
+    let up = g.start().await;
+    let gw = key_file_gateway(&up).await;
+    let id = create(&gw, &body(MODEL)).await.task_id();
+    // Refused by the gateway: nothing went upstream.
+    let mut bad = body(MODEL);
+    bad["parameters"]["duration"] = json!(5);
+    create(&gw, &bad).await.error(400);
+    // Vertex refuses the gateway's token: the upstream's failure.
+    *g.vertex_error.lock().unwrap() = Some((
+        401,
+        json!({"error": {"code": 401, "message": "Request had invalid authentication credentials."}}),
+    ));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.vertex_error.lock().unwrap() = None;
+    // No token to be had (the last one was dropped on the 401): the same.
+    *g.token_error.lock().unwrap() = Some((400, json!({"error": "invalid_grant"})));
+    create(&gw, &body(MODEL)).await.error(502);
+    *g.token_error.lock().unwrap() = None;
+    let lines = access_lines(&logs, "/v1/video/generations", 4).await;
+    let fields = |l: &Value| {
+        (
+            l["status"].as_u64().unwrap(),
+            l["upstream"].as_str().map(str::to_owned),
+            l["attempts"].as_u64().unwrap(),
+            l["outcome"].as_str().unwrap().to_owned(),
+        )
+    };
+    let vertex = Some("vertex".to_owned());
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+    assert_eq!(fields(&lines[1]).2, 0, "{}", lines[1]);
+    assert_eq!(fields(&lines[1]).3, "refused", "{}", lines[1]);
+    for l in &lines[2..] {
+        assert_eq!(
+            fields(l),
+            (502, vertex.clone(), 1, "upstream_error".into()),
+            "{l}"
+        );
+    }
+    // A lookup polls Vertex; the next, answered from the cache of a finished task, does not.
+    *g.operation.lock().unwrap() = done_gcs();
+    let url = lookup(&gw, &id).await.json["data"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    lookup(&gw, &id).await.task_id();
+    let lines = access_lines(&logs, "/v1/tasks/", 2).await;
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+    assert_eq!(fields(&lines[1]), (200, vertex.clone(), 0, "ok".into()));
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    let lines = access_lines(&logs, "/v1/files/", 1).await;
+    assert_eq!(fields(&lines[0]), (200, vertex.clone(), 1, "ok".into()));
+}
+
+#[tokio::test]
+async fn a_head_on_a_download_is_observed_as_ok() {
+    let (logs, _guard) = Logs::capture();
+    let g = Google::new();
+    let up = g.start().await;
+    let (gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let (status, _, _) = range_get(&url, None, true).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = range_get(&url, Some("bytes=0-9"), true).await;
+    assert_eq!(status, 206);
+    let lines = access_lines(&logs, "/v1/files/", 2).await;
+    for (l, status) in lines.iter().zip([200, 206]) {
+        assert_eq!(l["method"], "HEAD", "{l}");
+        assert_eq!(l["status"], status, "{l}");
+        assert_eq!(l["outcome"], "ok", "{l}");
+    }
+    let metrics = gw.metrics().await;
+    // 200: the create, the lookup and the HEAD.
+    for (status, n) in [(200, 3), (206, 1)] {
+        let line = format!("modelgate_requests_total{{model=\"{MODEL}\",upstream=\"vertex\",protocol=\"video\",status=\"{status}\",outcome=\"ok\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("client_cancelled"), "{metrics}");
+}
+
+#[tokio::test]
+async fn video_metrics_carry_the_model_and_upstream() {
+    let g = Google::new();
+    let up = g.start().await;
+    let (gw, url) = finished_file(&g, &up, done_gcs()).await;
+    let (status, _, _) = range_get(&url, None, false).await;
+    assert_eq!(status, 200);
+    *g.vertex_error.lock().unwrap() = Some((401, json!({"error": {"code": 401}})));
+    create(&gw, &body(MODEL)).await.error(502);
+    // A prefix entry: the label is the config's name for it, not what the client sent.
+    let toml = config(
+        &up.url(),
+        r#"
+[video]
+task_secrets_env = "SECRETS"
+
+[[upstreams]]
+name = "videomock"
+kind = "mock"
+
+[[models]]
+name = "video-*"
+upstream = "videomock"
+addresses = ["video"]
+"#,
+    );
+    let mock_gw = TestGateway::start_with_env(&toml, &[("SECRETS", "s1")]).await;
+    let mut b = body(MODEL);
+    b["input"]["prompt"] = json!("anything");
+    let id = create(&mock_gw, &b).await.task_id();
+    lookup(&mock_gw, &id).await.task_id();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let metrics = gw.metrics().await;
+    let count = |m: &str, model: &str, upstream: &str, status: u16, outcome: &str| {
+        let line = format!("modelgate_requests_total{{model=\"{model}\",upstream=\"{upstream}\",protocol=\"video\",status=\"{status}\",outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map(|n| n.trim().parse::<u64>().unwrap())
+            .unwrap_or_else(|| panic!("no {line} in:\n{m}"))
+    };
+    // The create, the lookup and the download.
+    assert_eq!(count(&metrics, MODEL, "vertex", 200, "ok"), 3);
+    assert_eq!(count(&metrics, MODEL, "vertex", 502, "upstream_error"), 1);
+    let route = format!("model=\"{MODEL}\",upstream=\"vertex\",protocol=\"video\"");
+    assert!(
+        metrics.contains(&format!(
+            "modelgate_request_duration_seconds_count{{{route}}} 4"
+        )),
+        "{metrics}"
+    );
+    let metrics = mock_gw.metrics().await;
+    assert_eq!(count(&metrics, "video-*", "videomock", 200, "ok"), 2);
 }
 
 // --- 5. upstream_auth_failed ---------------------------------------------------------------

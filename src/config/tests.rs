@@ -454,3 +454,14 @@ protocol = "chat"
         "upstreams[1].protocol: only a mock upstream takes `protocol`",
     );
 }
+
+#[test]
+fn max_connections_is_bounded_by_what_a_semaphore_holds() {
+    let too_many = format!("{MINIMAL}\n[limits]\nmax_connections = {}\n", u64::MAX / 2);
+    has(
+        &errors(&too_many),
+        "limits.max_connections: must be at most",
+    );
+    let fine = format!("{MINIMAL}\n[limits]\nmax_connections = 100000\n");
+    assert!(parse(&fine).is_ok());
+}

@@ -423,6 +423,14 @@ fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {
             errors.push(format!("limits.{name}"), "must be greater than 0");
         }
     }
+    // Each connection holds a semaphore permit; tokio's semaphore holds at most this many.
+    let most = tokio::sync::Semaphore::MAX_PERMITS;
+    if limits.max_connections > most {
+        errors.push(
+            "limits.max_connections",
+            format!("must be at most {most} (one permit per connection)"),
+        );
+    }
     limits
 }
 
@@ -761,7 +769,7 @@ fn validate_upstreams(
             None
         } else {
             google_source(&u, &path, env, base_dir, errors)
-                .map(|s| Arc::new(crate::google_auth::GoogleAuth::new(s)))
+                .map(|s| Arc::new(crate::google_auth::GoogleAuth::new(s, &u.name)))
         };
         if let Some(uri) = &u.storage_uri {
             if kind == UpstreamKind::VeoVertex {

@@ -143,3 +143,51 @@ fn a_long_line_fed_in_small_pieces_is_searched_once() {
     assert_eq!(out[0].data.len(), 4 * 1024 * 1024);
     assert_eq!(d.scanned, 0);
 }
+
+/// Event ends found by feeding `pieces`, as offsets in the whole input.
+fn ends_of(pieces: &[&[u8]]) -> Vec<usize> {
+    let mut scan = EventEnds::default();
+    let mut ends = Vec::new();
+    let mut base = 0;
+    for p in pieces {
+        scan.feed(p, |e| ends.push(base + e));
+        base += p.len();
+    }
+    ends
+}
+
+#[test]
+fn event_ends_under_every_line_end() {
+    let input = b"data: a\n\ndata: b\r\n\r\ndata: c\r\rid: 4\ndata: d\r\n\nx";
+    let whole = ends_of(&[input]);
+    let expect = |prefix: &str| prefix.len();
+    assert_eq!(
+        whole,
+        [
+            expect("data: a\n\n"),
+            // The blank line's `\r` ends the event; its `\n` is the next one's first byte.
+            expect("data: a\n\ndata: b\r\n\r"),
+            expect("data: a\n\ndata: b\r\n\r\ndata: c\r\r"),
+            expect("data: a\n\ndata: b\r\n\r\ndata: c\r\rid: 4\ndata: d\r\n\n"),
+        ]
+    );
+    // A line's `\r\n` split across pieces is still one line end, and a blank line split from the
+    // line before it still ends the event: every split into two and three pieces agrees.
+    for i in 0..=input.len() {
+        assert_eq!(ends_of(&[&input[..i], &input[i..]]), whole, "split at {i}");
+        for j in i..=input.len() {
+            assert_eq!(
+                ends_of(&[&input[..i], &input[i..j], &input[j..]]),
+                whole,
+                "split at {i}, {j}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_crlf_line_end_is_not_two_line_ends() {
+    assert!(ends_of(&[b"data: a\r\ndata: b\r\n"]).is_empty());
+    assert!(ends_of(&[b"data: a\r", b"\ndata: b\r", b"\n"]).is_empty());
+    assert_eq!(ends_of(&[b"data: a\r", b"\n", b"\r", b"\n"]), [10]);
+}

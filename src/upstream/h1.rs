@@ -27,6 +27,9 @@ use tower_service::Service;
 
 type Io = TokioIo<TcpStream>;
 
+/// Authorities remembered before those with no idle connection are forgotten.
+const MAX_ORIGINS: usize = 64;
+
 /// One HTTP/1.1 connection: the handle that sends requests and the state machine that drives I/O.
 struct Conn {
     tx: http1::SendRequest<Full<Bytes>>,
@@ -144,6 +147,10 @@ impl H1Pool {
         let i = match origins.iter().position(|o| &o.authority == authority) {
             Some(i) => i,
             None => {
+                // Video files may come from any host: forget the ones with nothing pooled.
+                if origins.len() >= MAX_ORIGINS {
+                    origins.retain(|o| !o.idle.is_empty());
+                }
                 origins.push(Origin {
                     authority: authority.clone(),
                     host: host_value(authority)?,
@@ -154,8 +161,13 @@ impl H1Pool {
         };
         let origin = &mut origins[i];
         let now = Instant::now();
+        // Oldest first: the expired ones are a prefix, closed here rather than left open.
+        let expired = origin
+            .idle
+            .partition_point(|i| now.duration_since(i.since) >= self.idle_timeout);
+        origin.idle.drain(..expired);
         while let Some(mut idle) = origin.idle.pop() {
-            if now.duration_since(idle.since) < self.idle_timeout && idle.conn.usable() {
+            if idle.conn.usable() {
                 return Ok((Some(idle.conn), origin.host.clone()));
             }
         }

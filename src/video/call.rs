@@ -42,7 +42,7 @@ pub async fn authorize(
     let Some(auth) = &upstream.google else {
         return Ok(());
     };
-    match auth.authorization(&gw.client, upstream).await {
+    match auth.authorization(&gw.client).await {
         Ok(value) => {
             req.headers_mut().insert(header::AUTHORIZATION, value);
             Ok(())
@@ -85,10 +85,19 @@ pub async fn send(
     upstream: &Upstream,
     req: Request<Full<Bytes>>,
 ) -> Result<Response<UpstreamIncoming>, Failure> {
+    // The Google token this request carries, if any: a 401 means that token is no good.
+    let token = upstream
+        .google
+        .as_ref()
+        .and_then(|auth| Some((auth, req.headers().get(header::AUTHORIZATION)?.clone())));
     let result = gw.client.send(upstream, req).await;
     gw.metrics
         .attempt(&upstream.name, if result.is_ok() { "ok" } else { "error" });
-    Ok(result?)
+    let resp = result?;
+    if let (StatusCode::UNAUTHORIZED, Some((auth, sent))) = (resp.status(), token) {
+        auth.reject(&sent);
+    }
+    Ok(resp)
 }
 
 /// The upstream's body with the idle timeout between frames.

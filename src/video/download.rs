@@ -1,4 +1,4 @@
-//! `GET /v1/files/{fileId}`: a signed, expiring download, streamed chunk by chunk from where the file lives, with the upstream's credential.
+//! `GET /v1/files/{fileId}`: a signed, expiring download, streamed chunk by chunk from where the file lives, with the upstream's credential; ranges, `If-Range` and the file's validators (`ETag`, `Last-Modified`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,6 +9,7 @@ use http::{header, HeaderValue, Method, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+use sha2::{Digest, Sha256};
 
 use crate::body::{Body, BoxError};
 use crate::config::Upstream;
@@ -25,12 +26,24 @@ use crate::video::{mock, veo};
 const MAX_REDIRECTS: usize = 5;
 
 /// What a download request asks for besides the file.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Want {
     /// `HEAD`: the headers only.
     pub head: bool,
     /// One byte range (`Range`); `None` is the whole file.
     pub range: Option<Spec>,
+    /// The client's `If-Range`, kept only with a range.
+    pub if_range: Option<HeaderValue>,
+    /// The strong ETag of this file id, sent when the source has none of its own.
+    pub tag: HeaderValue,
+}
+
+/// A strong ETag for the file behind `file_id`: the bytes a file id names never change, so a
+/// tag derived from it lets a browser resume with `If-Range` whatever the source says.
+pub fn file_tag(file_id: &str) -> HeaderValue {
+    let digest = Sha256::digest(file_id.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    HeaderValue::try_from(format!("\"{hex}\"")).unwrap_or(HeaderValue::from_static("\"file\""))
 }
 
 /// Streams the file `source` names; `upstream` is the one it names (none for the mock).
@@ -40,10 +53,16 @@ pub async fn serve(
     source: &FileSource,
     gcs_api_url: &str,
     request_id: &HeaderValue,
-    want: Want,
+    mut want: Want,
 ) -> Result<Response<Body>, Failure> {
+    if want.range.is_none() || want.if_range.as_ref().is_some_and(range::never_holds) {
+        // If-Range means nothing without a range, and a weak tag never matches: then the whole
+        // file, as if no range had been asked for.
+        want.range = None;
+        want.if_range = None;
+    }
     let resp = match (source, upstream) {
-        (FileSource::Mock, _) => whole(Bytes::from_static(mock::MP4), "video/mp4", want.range),
+        (FileSource::Mock, _) => whole(Bytes::from_static(mock::MP4), "video/mp4", &want),
         (_, None) => {
             return Err(gone(
                 "the upstream that made this file is no longer configured",
@@ -57,8 +76,7 @@ pub async fn serve(
                 call::encode_component(object)
             );
             let uri: Uri = url.parse().map_err(|e| call::bad_url(upstream, e))?;
-            let resp = fetch(gw, upstream, uri, true, request_id, want.range).await?;
-            relay(gw, upstream, resp, want.range).await?
+            remote(gw, upstream, uri, true, request_id, &want).await?
         }
         (FileSource::Remote { uri, .. }, Some(upstream)) => {
             let uri: Uri = uri.parse().map_err(|e| call::bad_url(upstream, e))?;
@@ -68,8 +86,7 @@ pub async fn serve(
                 .as_ref()
                 .and_then(|b| b.text.parse::<Uri>().ok())
                 .is_some_and(|b| origin(&b) == origin(&uri));
-            let resp = fetch(gw, upstream, uri, same_origin, request_id, want.range).await?;
-            relay(gw, upstream, resp, want.range).await?
+            remote(gw, upstream, uri, same_origin, request_id, &want).await?
         }
         (
             FileSource::Inline {
@@ -79,9 +96,45 @@ pub async fn serve(
                 ..
             },
             Some(upstream),
-        ) => inline(gw, upstream, model, reference, mime, request_id, want).await?,
+        ) => inline(gw, upstream, model, reference, mime, request_id, &want).await?,
     };
     Ok(if want.head { head_only(resp) } else { resp })
+}
+
+/// A file an upstream serves (Cloud Storage, a file URI): the range and `If-Range` forwarded,
+/// and the file fetched again whole when the upstream sent a range `If-Range` rules out.
+async fn remote(
+    gw: &Services,
+    upstream: &Upstream,
+    uri: Uri,
+    credential: bool,
+    request_id: &HeaderValue,
+    want: &Want,
+) -> Result<Response<Body>, Failure> {
+    // The gateway's own tag means nothing to the upstream (it had no tag of its own): weighed here.
+    let if_range = want.if_range.as_ref().filter(|v| **v != want.tag);
+    let ask = want.range.map(|r| (r, if_range));
+    let resp = fetch(gw, upstream, uri.clone(), credential, request_id, ask).await?;
+    match relay(gw, upstream, resp, want).await? {
+        Relayed::Sent(resp) => Ok(resp),
+        Relayed::Changed => {
+            let whole = Want {
+                range: None,
+                if_range: None,
+                ..want.clone()
+            };
+            let resp = fetch(gw, upstream, uri, credential, request_id, None).await?;
+            match relay(gw, upstream, resp, &whole).await? {
+                Relayed::Sent(resp) => Ok(resp),
+                // Only an answer to a range is ever `Changed`; this request had none.
+                Relayed::Changed => Err(GatewayError::new(
+                    ErrorKind::Internal,
+                    "a download without a range was taken for a range",
+                )
+                .into()),
+            }
+        }
+    }
 }
 
 /// The answer to a `HEAD`: the same head, no body, the length the body would have had.
@@ -99,8 +152,11 @@ fn head_only(resp: Response<Body>) -> Response<Body> {
 }
 
 /// A file the gateway holds whole: 200, or the range of it.
-fn whole(bytes: Bytes, content_type: &'static str, range: Option<Spec>) -> Response<Body> {
+fn whole(bytes: Bytes, content_type: &'static str, want: &Want) -> Response<Body> {
     let len = bytes.len() as u64;
+    let range = want
+        .range
+        .filter(|_| range::if_range_holds(want.if_range.as_ref(), Some(&want.tag), None));
     let (body, span) = match range.map(|r| r.resolve(len)) {
         None => (bytes, None),
         Some(None) => return range::unsatisfiable(Some(len)),
@@ -115,6 +171,7 @@ fn whole(bytes: Bytes, content_type: &'static str, range: Option<Spec>) -> Respo
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp.headers_mut()
         .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    resp.headers_mut().insert(header::ETAG, want.tag.clone());
     if let Some((first, last)) = span {
         range::mark_partial(&mut resp, first, last, Some(len));
     }
@@ -139,7 +196,7 @@ async fn fetch(
     mut uri: Uri,
     mut credential: bool,
     request_id: &HeaderValue,
-    range: Option<Spec>,
+    range: Option<(Spec, Option<&HeaderValue>)>,
 ) -> Result<Response<UpstreamIncoming>, Failure> {
     for _ in 0..=MAX_REDIRECTS {
         let mut req = upstream::build_call(
@@ -153,8 +210,11 @@ async fn fetch(
         if credential {
             call::authorize(gw, upstream, &mut req).await?;
         }
-        if let Some(r) = range {
+        if let Some((r, if_range)) = range {
             req.headers_mut().insert(header::RANGE, r.header());
+            if let Some(v) = if_range {
+                req.headers_mut().insert(header::IF_RANGE, v.clone());
+            }
         }
         let resp = call::send(gw, upstream, req).await?;
         let redirect = matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308);
@@ -200,23 +260,35 @@ fn resolve(base: &Uri, location: &str) -> Option<Uri> {
     None
 }
 
+/// What [`relay`] made of the upstream's answer.
+enum Relayed {
+    Sent(Response<Body>),
+    /// The upstream sent the range, but `If-Range` does not hold for what it sent (it ignored
+    /// the condition): the client must get the whole file, which takes another request.
+    Changed,
+}
+
 /// Sends the upstream's bytes on as they come; its failure status becomes the client's error first.
 ///
 /// With a range: an upstream's 206 goes on as it is; a 200 that ignored the range is cut to it
-/// here when its length is known, and sent whole otherwise (a server may ignore `Range`).
+/// here when its length is known, and sent whole otherwise (a server may ignore `Range`). Either
+/// way `If-Range` is weighed against the validators the upstream answered with, so a file that
+/// changed is sent whole. The upstream's `ETag` and `Last-Modified` go to the client; without an
+/// `ETag`, the file id's own.
 async fn relay(
     gw: &Services,
     upstream: &Upstream,
     resp: Response<UpstreamIncoming>,
-    range: Option<Spec>,
-) -> Result<Response<Body>, Failure> {
+    want: &Want,
+) -> Result<Relayed, Failure> {
     let (parts, body) = resp.into_parts();
+    let range = want.range;
     if parts.status == StatusCode::RANGE_NOT_SATISFIABLE && range.is_some() {
         let len = parts
             .headers
             .get(header::CONTENT_RANGE)
             .and_then(range::complete_length);
-        return Ok(range::unsatisfiable(len));
+        return Ok(Relayed::Sent(range::unsatisfiable(len)));
     }
     if !parts.status.is_success() {
         let bytes = call::read(gw, upstream, body).await?;
@@ -227,17 +299,47 @@ async fn relay(
             &bytes,
         ));
     }
+    if parts.status == StatusCode::PARTIAL_CONTENT && range.is_none() {
+        // A 206 nobody asked for (a broken upstream) is not passed on as a whole file.
+        return Err(GatewayError::new(
+            ErrorKind::UpstreamBadResponse,
+            format!(
+                "upstream {:?} answered 206 to a request without a range",
+                upstream.name
+            ),
+        )
+        .into());
+    }
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
         .filter(|v| !v.as_bytes().starts_with(b"application/json"))
         .cloned()
         .unwrap_or(HeaderValue::from_static("video/mp4"));
+    let etag = parts
+        .headers
+        .get(header::ETAG)
+        .cloned()
+        .unwrap_or_else(|| want.tag.clone());
+    let last_modified = parts.headers.get(header::LAST_MODIFIED).cloned();
+    let holds = range::if_range_holds(want.if_range.as_ref(), Some(&etag), last_modified.as_ref());
     let known_len = body.size_hint().exact();
+    // Whether a range of this file can be served: the upstream cut one, or the length is known
+    // so the gateway can; else only if the upstream says it takes ranges and was not asked yet.
+    let mut ranges = parts.status == StatusCode::PARTIAL_CONTENT
+        || known_len.is_some()
+        || (range.is_none()
+            && parts
+                .headers
+                .get(header::ACCEPT_RANGES)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"bytes")));
     let body = call::guarded(gw, body);
     // The size hint passes through, so a known length becomes the client's content-length.
     let mut out = match range {
         Some(_) if parts.status == StatusCode::PARTIAL_CONTENT => {
+            if !holds {
+                return Ok(Relayed::Changed);
+            }
             let span = parts
                 .headers
                 .get(header::CONTENT_RANGE)
@@ -255,21 +357,33 @@ async fn relay(
             range::mark_partial(&mut out, span.0, span.1, span.2);
             out
         }
-        Some(spec) => match known_len.map(|len| (len, spec.resolve(len))) {
-            Some((len, None)) => return Ok(range::unsatisfiable(Some(len))),
+        Some(spec) if holds => match known_len.map(|len| (len, spec.resolve(len))) {
+            Some((len, None)) => return Ok(Relayed::Sent(range::unsatisfiable(Some(len)))),
             Some((len, Some((first, last)))) => {
                 let mut out = Response::new(BodyExt::boxed(Slice::new(body, first, last)));
                 range::mark_partial(&mut out, first, last, Some(len));
                 out
             }
-            None => Response::new(BodyExt::boxed(body)),
+            None => {
+                // The range could not be honoured: no promise that another would be.
+                ranges = false;
+                Response::new(BodyExt::boxed(body))
+            }
         },
-        None => Response::new(BodyExt::boxed(body)),
+        _ => Response::new(BodyExt::boxed(body)),
     };
-    out.headers_mut().insert(header::CONTENT_TYPE, content_type);
-    out.headers_mut()
-        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    Ok(out)
+    let h = out.headers_mut();
+    h.insert(header::CONTENT_TYPE, content_type);
+    h.insert(header::ETAG, etag);
+    if let Some(v) = last_modified {
+        h.insert(header::LAST_MODIFIED, v);
+    }
+    if ranges {
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    } else {
+        h.remove(header::ACCEPT_RANGES);
+    }
+    Ok(Relayed::Sent(out))
 }
 
 /// Reads the operation again for its inline video: the response, checked, ready to stream.
@@ -345,15 +459,19 @@ async fn inline(
     reference: &str,
     mime: &str,
     request_id: &HeaderValue,
-    want: Want,
+    want: &Want,
 ) -> Result<Response<Body>, Failure> {
     let content_type = HeaderValue::try_from(mime).unwrap_or(HeaderValue::from_static("video/mp4"));
-    let len = if want.head || want.range.is_some() {
+    // The operation has no validators of its own: only the file id's tag can match.
+    let range = want
+        .range
+        .filter(|_| range::if_range_holds(want.if_range.as_ref(), Some(&want.tag), None));
+    let len = if want.head || range.is_some() {
         Some(inline_length(gw, upstream, model, reference, request_id).await?)
     } else {
         None
     };
-    let span = match (want.range, len) {
+    let span = match (range, len) {
         (Some(spec), Some(len)) => match spec.resolve(len) {
             Some(span) => Some(span),
             None => return Ok(range::unsatisfiable(Some(len))),
@@ -373,6 +491,7 @@ async fn inline(
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
         out.headers_mut()
             .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        out.headers_mut().insert(header::ETAG, want.tag.clone());
         if let Some((first, last)) = span {
             range::mark_partial(&mut out, first, last, len);
         }
@@ -407,6 +526,7 @@ async fn inline(
     out.headers_mut().insert(header::CONTENT_TYPE, content_type);
     out.headers_mut()
         .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    out.headers_mut().insert(header::ETAG, want.tag.clone());
     Ok(out)
 }
 

@@ -1,4 +1,4 @@
-//! Byte ranges of downloads (RFC 9110 §14): one `Range` read, the 206 and 416 answers, and a body cut to a range.
+//! Byte ranges of downloads (RFC 9110 §14): one `Range` read, `If-Range` weighed (§13.1.5), the 206 and 416 answers, and a body cut to a range.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -86,6 +86,49 @@ impl Spec {
             Self::Suffix(n) => format!("bytes=-{n}"),
         };
         HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("bytes=0-"))
+    }
+}
+
+/// Whether an `If-Range` value can never hold: a weak entity-tag (the comparison is strong) or
+/// text that is neither an entity-tag nor a date.
+pub fn never_holds(if_range: &HeaderValue) -> bool {
+    match if_range.to_str() {
+        Ok(text) => {
+            let text = text.trim();
+            text.is_empty() || text.starts_with("W/")
+        }
+        Err(_) => true,
+    }
+}
+
+/// Whether a range may be served under the client's `If-Range` (RFC 9110 §13.1.5), given the
+/// validators of the file as it is now: an entity-tag holds when it is strongly equal to `etag`,
+/// a date when it is exactly `last_modified`. Without `If-Range` it holds.
+///
+/// When it does not hold, the client's partial copy is of other bytes: it gets the whole file.
+pub fn if_range_holds(
+    if_range: Option<&HeaderValue>,
+    etag: Option<&HeaderValue>,
+    last_modified: Option<&HeaderValue>,
+) -> bool {
+    let Some(wanted) = if_range else {
+        return true;
+    };
+    if never_holds(wanted) {
+        return false;
+    }
+    let text = |v: &HeaderValue| v.to_str().ok().map(str::trim).map(str::to_owned);
+    let Some(wanted) = text(wanted) else {
+        return false;
+    };
+    // An entity-tag starts with a quote (or `W/`); anything else is an HTTP-date.
+    if wanted.starts_with('"') {
+        etag.and_then(text)
+            .is_some_and(|tag| !tag.starts_with("W/") && tag == wanted)
+    } else {
+        last_modified
+            .and_then(text)
+            .is_some_and(|date| date == wanted)
     }
 }
 
@@ -275,6 +318,38 @@ mod tests {
             complete_length(&HeaderValue::from_static("bytes */100")),
             Some(100)
         );
+    }
+
+    #[test]
+    fn if_range_compares_strongly() {
+        let v = HeaderValue::from_static;
+        let tag = Some(v("\"abc\""));
+        let date = Some(v("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert!(if_range_holds(None, None, None));
+        assert!(if_range_holds(Some(&v("\"abc\"")), tag.as_ref(), None));
+        assert!(!if_range_holds(Some(&v("\"abd\"")), tag.as_ref(), None));
+        assert!(!if_range_holds(Some(&v("W/\"abc\"")), tag.as_ref(), None));
+        assert!(!if_range_holds(
+            Some(&v("\"abc\"")),
+            Some(&v("W/\"abc\"")),
+            None
+        ));
+        assert!(!if_range_holds(Some(&v("\"abc\"")), None, date.as_ref()));
+        assert!(if_range_holds(
+            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT")),
+            tag.as_ref(),
+            date.as_ref()
+        ));
+        assert!(!if_range_holds(
+            Some(&v("Wed, 21 Oct 2015 07:28:01 GMT")),
+            tag.as_ref(),
+            date.as_ref()
+        ));
+        assert!(!if_range_holds(
+            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT")),
+            tag.as_ref(),
+            None
+        ));
     }
 
     #[tokio::test]

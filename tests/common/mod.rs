@@ -176,6 +176,8 @@ pub enum Reply {
     Hang,
     /// The inner reply after a pause: a head that comes late.
     After(Duration, Box<Reply>),
+    /// The inner reply once the gate reads `true`: a head that comes when the test says so.
+    Gated(tokio::sync::watch::Receiver<bool>, Box<Reply>),
 }
 
 impl Reply {
@@ -331,6 +333,10 @@ async fn respond(reply: Reply, cancel_tx: mpsc::UnboundedSender<()>) -> Response
         }
         Reply::After(pause, inner) => {
             tokio::time::sleep(pause).await;
+            Box::pin(respond(*inner, cancel_tx)).await
+        }
+        Reply::Gated(mut gate, inner) => {
+            let _ = gate.wait_for(|open| *open).await;
             Box::pin(respond(*inner, cancel_tx)).await
         }
         Reply::Hang => {
