@@ -391,10 +391,7 @@ fn harness_covers_every_pair() {
             upstream.name()
         );
     }
-    assert!(
-        !fixtures().video_requests.is_empty(),
-        "no video request"
-    );
+    assert!(!fixtures().video_requests.is_empty(), "no video request");
     for p in PROTOCOLS {
         assert!(
             fixtures().streams.iter().any(|(u, _)| *u == p),
@@ -487,4 +484,66 @@ fn a_lone_surrogate_key_spelled_twice_is_refused() {
             .is_some_and(|p| p.starts_with("metadata.")),
         "{e:?}"
     );
+}
+
+/// Regressions of the passthrough body wrappers, found by `passthrough_stream_bodies_pass_bytes_through`
+/// (and the body_wrappers fuzz target) against their SSE reference.
+#[test]
+fn passthrough_streams_with_cr_line_ends_and_late_errors() {
+    use modelgate::body::StreamGuard;
+    // Events ended by CR line ends, fed a byte at a time, each within the limit: the event-size
+    // counter missed their ends and cut the stream (fixed on main: sse::EventEnds).
+    let small = [&b"data: {\"a\":1}\r\r"[..]; 20].concat();
+    let stream = [small.as_slice(), b"data: [DONE]\r\r"].concat();
+    for strip in [false, true] {
+        run_passthrough_stream(&StreamCase {
+            input: &stream,
+            cuts: &[1],
+            guard: StreamGuard::Chat,
+            strip,
+            max_event: 16,
+            broken: false,
+        });
+    }
+    // A stream whose terminator line follows a CR line end reached its end: no "ended before it
+    // was complete" error event may follow it (Tail::has_line looked only after LF).
+    for (guard, stream) in [
+        (StreamGuard::Chat, &b"data: {}\r\rdata: [DONE]\r\r"[..]),
+        (
+            StreamGuard::Messages,
+            b"event: message_delta\rdata: {}\r\revent: message_stop\rdata: {}\r\r",
+        ),
+        (
+            StreamGuard::Responses,
+            b"event: response.completed\rdata: {}\r\r",
+        ),
+    ] {
+        for cuts in [&[][..], &[1], &[5, 3]] {
+            run_passthrough_stream(&StreamCase {
+                input: stream,
+                cuts,
+                guard,
+                strip: false,
+                max_event: 1024,
+                broken: false,
+            });
+        }
+    }
+    // An error after the terminator (here the event limit, on an event left open) must still
+    // start on an event boundary: the tail stopped following the stream at the terminator, so
+    // the error event was glued to the open line.
+    let stream = [
+        &b"event: message_stop\ndata: {}\n\ndata: "[..],
+        &[b'x'; 40],
+        b"\n\n",
+    ]
+    .concat();
+    run_passthrough_stream(&StreamCase {
+        input: &stream,
+        cuts: &[8],
+        guard: StreamGuard::Messages,
+        strip: false,
+        max_event: 24,
+        broken: false,
+    });
 }

@@ -9,5 +9,8 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else {
         return;
     };
-    run_request_kind(REQUEST_KINDS[usize::from(which) % REQUEST_KINDS.len()], body);
+    run_request_kind(
+        REQUEST_KINDS[usize::from(which) % REQUEST_KINDS.len()],
+        body,
+    );
 });

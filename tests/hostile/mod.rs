@@ -779,7 +779,13 @@ pub fn run_count_tokens(body: &[u8]) {
             obj.clone(),
             (name != client_model).then_some(name),
         );
-        check_sent("count_tokens forwarded", &sent, name, Some(&obj), &["model"]);
+        check_sent(
+            "count_tokens forwarded",
+            &sent,
+            name,
+            Some(&obj),
+            &["model"],
+        );
     }
 }
 
@@ -1317,10 +1323,9 @@ fn passthrough_chain(
         fed: fed.clone(),
     };
     let inner: Boxed = match first {
-        Some(f) => http_body_util::BodyExt::boxed_unsync(Prepend::new(
-            http_body::Frame::data(f),
-            upstream,
-        )),
+        Some(f) => {
+            http_body_util::BodyExt::boxed_unsync(Prepend::new(http_body::Frame::data(f), upstream))
+        }
         None => http_body_util::BodyExt::boxed_unsync(upstream),
     };
     let protocol = match case.guard {
@@ -1390,7 +1395,8 @@ pub fn run_passthrough_stream(case: &StreamCase) {
         } else {
             out.get(k).map(|b| b.to_vec())
         };
-        let frames_ok = out.len() == k + usize::from(case.guard != StreamGuard::None && suffix.is_some());
+        let frames_ok =
+            out.len() == k + usize::from(case.guard != StreamGuard::None && suffix.is_some());
         if !frames_ok || out[..k] != frames[..k] {
             continue;
         }
@@ -1425,7 +1431,10 @@ pub fn run_passthrough_stream(case: &StreamCase) {
     if let Some(suffix) = &suffix {
         if case.guard == StreamGuard::None {
             let e = String::from_utf8_lossy(suffix);
-            assert!(e.contains(why), "the body's error does not say {why:?}: {e}");
+            assert!(
+                e.contains(why),
+                "the body's error does not say {why:?}: {e}"
+            );
         } else {
             check_error_suffix(passed, suffix, case.guard, why);
         }
@@ -1434,30 +1443,40 @@ pub fn run_passthrough_stream(case: &StreamCase) {
         return;
     }
     // Under StripUsage: the same bytes less the usage-only events, each complete event let
-    // through as soon as it is in.
-    let spans = event_spans(case.input, &late);
-    let mut kept_before = Vec::with_capacity(spans.len() + 1);
-    let mut kept = 0;
-    kept_before.push(0);
-    for s in &spans {
-        if !usage_only_event(&case.input[s.clone()]) {
-            kept += s.len();
+    // through as soon as it is in (under either reading of a CRLF blank line).
+    let input = case.input;
+    let kept_before = |bounds: &[usize]| {
+        let mut kept = vec![0];
+        for s in event_spans(input, bounds) {
+            let last = kept[kept.len() - 1];
+            let own = if usage_only_event(&input[s.clone()]) {
+                0
+            } else {
+                s.len()
+            };
+            kept.push(last + own);
         }
-        kept_before.push(kept);
-    }
+        kept
+    };
+    let readings = [(&late, kept_before(&late)), (&early, kept_before(&early))];
     let fed = Arc::new(AtomicUsize::new(0));
     let mut emitted = 0;
-    let input = case.input;
     let (out_b, err_b) = passthrough_chain(&frames, case, true, &fed, |data| {
         emitted += data.len();
         let seen = fed.load(Ordering::Relaxed).min(passed.len());
-        // Events complete in what has passed (one ended by a CR at the very end may still be
-        // waiting for its LF).
-        let complete = late
+        // Owed: the events complete in what has passed (one ended by a CR at the very end may
+        // still be waiting for its LF).
+        let owed = readings
             .iter()
-            .take_while(|b| **b < seen || (**b == seen && input[seen - 1] == b'\n'))
-            .count();
-        let owed = kept_before[complete];
+            .map(|(bounds, kept)| {
+                let mut complete = bounds.partition_point(|b| *b < seen);
+                if bounds.get(complete) == Some(&seen) && input[seen - 1] == b'\n' {
+                    complete += 1;
+                }
+                kept[complete]
+            })
+            .min()
+            .unwrap_or(0);
         assert!(
             emitted >= owed,
             "StripUsage holds back complete events: {emitted} bytes out, {owed} owed after {seen} in"
@@ -1467,7 +1486,14 @@ pub fn run_passthrough_stream(case: &StreamCase) {
         assert_eq!(err_b, err, "StripUsage changed the body's error");
     }
     let got = out_b.concat();
-    let all = [passed, suffix.as_deref().filter(|_| case.guard != StreamGuard::None).unwrap_or(&[])].concat();
+    let all = [
+        passed,
+        suffix
+            .as_deref()
+            .filter(|_| case.guard != StreamGuard::None)
+            .unwrap_or(&[]),
+    ]
+    .concat();
     let want = [strip_usage_ref(&all, false), strip_usage_ref(&all, true)];
     assert!(
         want.contains(&got),
@@ -1526,7 +1552,10 @@ pub fn run_json_reply(input: &[u8], cuts: &[u8], max_reply: u64, broken: bool, e
             assert_eq!(err, None);
             let got = out.concat();
             assert_eq!(got, redact(input, SECRET), "redacted");
-            assert!(memchr::memmem::find(&got, SECRET).is_none(), "the credential got out");
+            assert!(
+                memchr::memmem::find(&got, SECRET).is_none(),
+                "the credential got out"
+            );
         }
         return;
     }
