@@ -29,19 +29,20 @@ pub enum StreamGuard {
 }
 
 impl StreamGuard {
-    /// Lines whose presence means the stream reached its own end (or its own error). Each starts
-    /// with the line break before it: text inside a JSON payload cannot contain a raw newline, so a
-    /// model that writes "[DONE]" or "message_stop" in its answer is not mistaken for the end.
+    /// Lines whose presence means the stream reached its own end (or its own error). Each counts
+    /// only at a line start (after a `\n` or `\r` line end): text inside a JSON payload cannot
+    /// contain a raw line break, so a model that writes "[DONE]" or "message_stop" in its answer
+    /// is not mistaken for the end.
     fn terminals(self) -> &'static [&'static [u8]] {
         match self {
             Self::None => &[],
-            Self::Chat => &[b"\ndata: [DONE]", b"\ndata:[DONE]"],
-            Self::Messages => &[b"\nevent: message_stop", b"\nevent: error"],
+            Self::Chat => &[b"data: [DONE]", b"data:[DONE]"],
+            Self::Messages => &[b"event: message_stop", b"event: error"],
             Self::Responses => &[
-                b"\nevent: response.completed",
-                b"\nevent: response.incomplete",
-                b"\nevent: response.failed",
-                b"\nevent: error",
+                b"event: response.completed",
+                b"event: response.incomplete",
+                b"event: response.failed",
+                b"event: error",
             ],
         }
     }
@@ -94,15 +95,17 @@ impl Tail {
         }
     }
 
-    /// True when one of `lines` (each starting with its line break, none longer than `KEEP`)
-    /// occurs in the kept tail followed by `data`, so a marker split across frames is still found.
+    /// True when one of `lines` (none longer than `KEEP` less its line break) starts a line, in
+    /// the kept tail followed by `data`, so a marker split across frames is still found. A line
+    /// starts after a `\n` or a `\r` (SSE's three line ends: in a CRLF the `\r` is followed by
+    /// the `\n`, never by a marker).
     ///
     /// Only line starts are tried: `memchr` finds the line breaks and each is compared with the
     /// markers, which costs a few comparisons per line instead of one substring search per marker
     /// over the whole frame.
     fn has_line(&self, data: &[u8], lines: &[&[u8]]) -> bool {
-        let starts_at = |hay: &[u8], at: usize| lines.iter().any(|l| hay[at..].starts_with(l));
-        if memchr::memchr_iter(b'\n', data).any(|at| starts_at(data, at)) {
+        let starts_at = |hay: &[u8], at: usize| lines.iter().any(|l| hay[at + 1..].starts_with(l));
+        if memchr::memchr2_iter(b'\n', b'\r', data).any(|at| starts_at(data, at)) {
             return true;
         }
         // A marker that starts at a line break in the tail ends within its first KEEP bytes of
@@ -117,11 +120,21 @@ impl Tail {
         seam[..self.buf.len()].copy_from_slice(&self.buf);
         seam[self.buf.len()..len].copy_from_slice(head);
         let seam = &seam[..len];
-        memchr::memchr_iter(b'\n', &self.buf).any(|at| starts_at(seam, at))
+        memchr::memchr2_iter(b'\n', b'\r', &self.buf).any(|at| starts_at(seam, at))
     }
 
+    /// True when what passed ends at an event's end: its last line is blank, whichever of the
+    /// three line ends close it and the line before it.
     fn ends_event(&self) -> bool {
-        self.buf == b"\n" || self.buf.ends_with(b"\n\n") || self.buf.ends_with(b"\r\n\r\n")
+        let b = self.buf.as_slice();
+        if b == b"\n" {
+            return true;
+        }
+        let rest = b
+            .strip_suffix(b"\r\n")
+            .or_else(|| b.strip_suffix(b"\n"))
+            .or_else(|| b.strip_suffix(b"\r"));
+        rest.is_some_and(|r| r.ends_with(b"\n") || r.ends_with(b"\r"))
     }
 }
 
@@ -253,9 +266,14 @@ where
                 if let Some(over) = over {
                     over
                 } else {
-                    if *this.guard != StreamGuard::None && !*this.terminal_seen {
+                    if *this.guard != StreamGuard::None {
                         if let Some(data) = frame.data_ref() {
-                            *this.terminal_seen = this.tail.has_line(data, this.guard.terminals());
+                            if !*this.terminal_seen {
+                                *this.terminal_seen =
+                                    this.tail.has_line(data, this.guard.terminals());
+                            }
+                            // Kept after the terminator too: an error written later (the
+                            // event limit, a break) must know whether an event is open.
                             this.tail.push(data);
                         }
                     }
@@ -656,6 +674,39 @@ mod tests {
             }
         }
         panic!("a [DONE] split in three frames was missed");
+    }
+
+    #[test]
+    fn cr_line_ends_start_lines_and_end_events_too() {
+        // Found by the body_wrappers fuzz target's reference (SSE's CR-only line ends): a
+        // finished stream got an "ended before it was complete" error event after its end.
+        let done = StreamGuard::Chat.terminals();
+        assert!(Tail::default().has_line(b"data: {}\r\rdata: [DONE]\r\r", done));
+        let mut tail = Tail::default();
+        tail.push(b"data: {}\r\rdata: [D");
+        assert!(tail.has_line(b"ONE]\r\r", done), "split across frames");
+        let stop = StreamGuard::Messages.terminals();
+        assert!(Tail::default().has_line(b"\revent: message_stop\rdata: {}\r\r", stop));
+        for (bytes, ends) in [
+            (&b"data: x\n\n"[..], true),
+            (b"data: x\r\r", true),
+            (b"data: x\r\n\r\n", true),
+            (b"data: x\n\r\n", true),
+            (b"data: x\r\r\n", true),
+            (b"data: x\n\r", true),
+            (b"data: x\r\n", false),
+            (b"data: x\r", false),
+            (b"data: x", false),
+        ] {
+            let mut tail = Tail::default();
+            tail.push(bytes);
+            assert_eq!(
+                tail.ends_event(),
+                ends,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
     }
 
     #[test]

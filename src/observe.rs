@@ -52,15 +52,16 @@ enum Kind {
     /// The body's last frames, at least `JSON_TAIL` bytes of them when it is that long; kept
     /// by reference count, so a reply is not copied as it passes.
     Json(std::collections::VecDeque<Bytes>),
-    /// The bytes of an event not complete yet; only events mentioning usage are parsed, so a
-    /// stream costs a scan per frame and no allocation per event.
-    Sse(Vec<u8>),
+    /// The bytes of an event not complete yet, and where events end (`sse::EventEnds`: every
+    /// line end, each byte looked at once however the frames split it); only events mentioning
+    /// usage are parsed, so a stream costs a scan per byte and no allocation per event.
+    Sse(Vec<u8>, crate::sse::EventEnds),
 }
 
 impl UsageReader {
     pub fn new(protocol: Protocol, stream: bool) -> Self {
         let kind = if stream {
-            Kind::Sse(Vec::new())
+            Kind::Sse(Vec::new(), crate::sse::EventEnds::default())
         } else {
             Kind::Json(std::collections::VecDeque::new())
         };
@@ -81,16 +82,21 @@ impl UsageReader {
                     frames.pop_front();
                 }
             }
-            Kind::Sse(partial) => {
-                if partial.is_empty() {
-                    let end = event_end(bytes);
-                    scan_events(self.protocol, &bytes[..end], &mut self.usage);
-                    partial.extend_from_slice(&bytes[end..]);
-                } else {
-                    partial.extend_from_slice(bytes);
-                    let end = event_end(partial);
-                    scan_events(self.protocol, &partial[..end], &mut self.usage);
-                    partial.drain(..end);
+            Kind::Sse(partial, ends) => {
+                // Only the new bytes are searched for event ends: a long event in many small
+                // frames is not rescanned with each (it cost up to 64 KiB of search a frame).
+                match ends.last_end(bytes) {
+                    Some(end) if partial.is_empty() => {
+                        scan_events(self.protocol, &bytes[..end], &mut self.usage);
+                        partial.extend_from_slice(&bytes[end..]);
+                    }
+                    Some(end) => {
+                        let end = partial.len() + end;
+                        partial.extend_from_slice(bytes);
+                        scan_events(self.protocol, &partial[..end], &mut self.usage);
+                        partial.drain(..end);
+                    }
+                    None => partial.extend_from_slice(bytes),
                 }
                 // A runaway event is an upstream's fault; usage is never that far into one.
                 if partial.len() > JSON_TAIL {
@@ -122,7 +128,7 @@ impl UsageReader {
                 }
                 frames.clear();
             }
-            Kind::Sse(partial) => {
+            Kind::Sse(partial, _) => {
                 // A last event without its blank line still counts.
                 scan_events(self.protocol, partial, &mut self.usage);
                 partial.clear();
@@ -136,38 +142,27 @@ impl UsageReader {
     }
 }
 
-/// Searchers for what every frame of a stream is scanned for, built once per process rather
-/// than once per call.
-static BLANK_LINE_REV: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\n\n"));
-static CRLF_BLANK_LINE_REV: LazyLock<FinderRev<'static>> =
-    LazyLock::new(|| FinderRev::new(b"\r\n\r\n"));
+/// The key every usage report has, searched for before anything is parsed.
 static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
 
-/// Where the complete events in `buf` end (after the last blank line), or 0.
-fn event_end(buf: &[u8]) -> usize {
-    // Upstreams write whole events, so a frame nearly always ends with its blank line.
-    if buf.ends_with(b"\n\n") || buf.ends_with(b"\r\n\r\n") {
-        return buf.len();
-    }
-    let lf = BLANK_LINE_REV.rfind(buf).map_or(0, |i| i + 2);
-    // A CRLF stream is rare; only look for its blank line when the frame has a carriage return.
-    let crlf = if memchr::memchr(b'\r', buf).is_some() {
-        CRLF_BLANK_LINE_REV.rfind(buf).map_or(0, |i| i + 4)
-    } else {
-        0
-    };
-    lf.max(crlf)
-}
-
-/// Reads the usage of every event in `events` (complete events) that mentions it.
+/// Reads the usage of every event in `events` (complete events, the last one possibly without
+/// its blank line) that mentions it. Events are told apart by SSE rules (`\n`, `\r\n` or `\r`
+/// line ends), so a stream with CR line ends has its usage read too.
 fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
-    let needle = USAGE_KEY.needle();
-    let mut from = 0;
-    while let Some(at) = USAGE_KEY.find(&events[from..]).map(|i| i + from) {
-        let start = memchr::memmem::rfind(&events[..at], b"\n\n").map_or(0, |i| i + 2);
-        let end = memchr::memmem::find(&events[at..], b"\n\n").map_or(events.len(), |i| at + i);
+    if USAGE_KEY.find(events).is_none() {
+        return;
+    }
+    let mut bounds = Vec::new();
+    crate::sse::EventEnds::default().feed(events, |end| bounds.push(end));
+    let mut start = 0;
+    for end in bounds.into_iter().chain(std::iter::once(events.len())) {
+        let event = &events[start..end];
+        start = end;
+        if USAGE_KEY.find(event).is_none() {
+            continue;
+        }
         let mut data = String::new();
-        for line in String::from_utf8_lossy(&events[start..end]).lines() {
+        for line in String::from_utf8_lossy(event).split(['\n', '\r']) {
             if let Some(d) = line.strip_prefix("data:") {
                 if !data.is_empty() {
                     data.push('\n');
@@ -178,7 +173,6 @@ fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
         if let Ok(v) = serde_json::from_str::<Value>(&data) {
             read_event(protocol, &v, usage);
         }
-        from = end.max(at + needle.len());
     }
 }
 
@@ -679,5 +673,20 @@ mod tests {
         let responses = r#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(read(Protocol::Responses, false, responses).total(), 7);
         assert_eq!(read(Protocol::Chat, false, "not json").total(), 0);
+    }
+
+    #[test]
+    fn stream_usage_is_read_under_every_line_end() {
+        // The reader looked for blank lines as LF LF or CRLF CRLF only (a CR-only stream's
+        // usage was lost) and searched its whole pending event again with every frame (up to
+        // 64 KiB a frame: found by the body_wrappers fuzz target's linear-time check).
+        let messages_sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":30}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        for end in ["\n", "\r\n", "\r"] {
+            let body = messages_sse.replace('\n', end);
+            assert_eq!(read(Protocol::Messages, true, &body).total(), 39, "{end:?}");
+        }
+        let chat =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\r\r";
+        assert_eq!(read(Protocol::Chat, true, chat).total(), 10);
     }
 }

@@ -22,6 +22,10 @@ mod task;
 mod token;
 mod veo;
 
+/// The body a Veo upstream is sent for a checked creation request (for the fuzz targets and
+/// property tests, which check it against what was validated).
+pub use veo::body as veo_body;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -211,6 +211,35 @@ fn edited_stream(events: &[(Option<String>, String)], edits: &[EventEdit]) -> Ve
     out
 }
 
+/// Event-stream text from chat, messages and responses streams: events, usage-only chunks,
+/// terminators, with every kind of line end.
+fn passthrough_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let token = prop_oneof![
+        Just(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}".to_vec()),
+        Just(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}".to_vec()),
+        Just(b"data: [DONE]".to_vec()),
+        Just(b"event: message_stop".to_vec()),
+        Just(b"event: response.completed".to_vec()),
+        Just(b"data: {}".to_vec()),
+        Just(b": ping".to_vec()),
+        Just(b"\n".to_vec()),
+        Just(b"\r".to_vec()),
+        Just(b"\r\n".to_vec()),
+        Just(b"\n\n".to_vec()),
+        Just(b"\r\r".to_vec()),
+        Just(b"\r\n\r\n".to_vec()),
+        "[a-z]{0,40}".prop_map(String::into_bytes),
+    ];
+    prop::collection::vec(token, 0..40).prop_map(|t| t.concat())
+}
+
+const GUARDS: [modelgate::body::StreamGuard; 4] = [
+    modelgate::body::StreamGuard::None,
+    modelgate::body::StreamGuard::Chat,
+    modelgate::body::StreamGuard::Messages,
+    modelgate::body::StreamGuard::Responses,
+];
+
 // === properties ===
 
 proptest! {
@@ -227,33 +256,91 @@ proptest! {
         prop_assert_eq!(&decode_in_pieces(&stream, &cuts), &expected);
     }
 
-    /// Arbitrary bytes as a request of each protocol: a clean refusal or well-formed bodies.
+    /// Arbitrary bytes as a request of each kind (the three protocols, count_tokens, video):
+    /// a clean refusal or well-formed bodies.
     #[test]
     fn request_decoders_take_any_bytes(
-        which in 0usize..3,
+        which in 0usize..REQUEST_KINDS.len(),
         body in prop::collection::vec(any::<u8>(), 0..256),
     ) {
-        run_request(PROTOCOLS[which], &body);
+        run_request_kind(REQUEST_KINDS[which], &body);
     }
 
-    /// Arbitrary JSON as a request of each protocol.
+    /// Arbitrary JSON as a request of each kind.
     #[test]
-    fn request_decoders_take_any_json(which in 0usize..3, v in json()) {
-        run_request(PROTOCOLS[which], v.to_string().as_bytes());
+    fn request_decoders_take_any_json(which in 0usize..REQUEST_KINDS.len(), v in json()) {
+        run_request_kind(REQUEST_KINDS[which], v.to_string().as_bytes());
     }
 
     /// Golden fixture requests with a few edits anywhere in them: reaches the deep fields.
     #[test]
     fn request_decoders_take_edited_fixtures(
+        which in 0usize..REQUEST_KINDS.len(),
         pick in any::<usize>(),
         edits in prop::collection::vec(edit(), 0..4),
+        repeat in prop::option::weighted(0.2, any::<usize>()),
     ) {
-        let requests = &fixtures().requests;
-        let (client, mut v) = requests[pick % requests.len()].clone();
+        let kind = REQUEST_KINDS[which];
+        let seeds = request_seeds(kind);
+        let mut v = seeds[pick % seeds.len()].clone();
         for e in &edits {
             apply(&mut v, e);
         }
-        run_request(client, v.to_string().as_bytes());
+        let mut body = v.to_string();
+        if let Some(at) = repeat {
+            body = repeat_a_key(&body, at);
+        }
+        run_request_kind(kind, body.as_bytes());
+    }
+
+    /// The SSE decoder with a small event limit, fed in any pieces: it refuses exactly when
+    /// what it holds for one event passes the limit, and gives the exact events until then.
+    #[test]
+    fn sse_decoder_limit_is_exact_under_any_split(
+        stream in sse_bytes(),
+        cuts in prop::collection::vec(0u8..24, 0..6),
+        max in 0usize..48,
+    ) {
+        check_limited_decoder(&stream, &cuts, max);
+    }
+
+    /// A passthrough stream through the body wrappers (guard, event limit, usage reader,
+    /// StripUsage) in any frames: the bytes as they came less what is documented to go.
+    #[test]
+    fn passthrough_stream_bodies_pass_bytes_through(
+        stream in passthrough_bytes(),
+        cuts in prop::collection::vec(0u8..24, 0..6),
+        guard in 0usize..4,
+        strip in any::<bool>(),
+        max_event in 8usize..256,
+        broken in prop::bool::weighted(0.1),
+    ) {
+        let guard = GUARDS[guard];
+        run_passthrough_stream(&StreamCase {
+            input: &stream,
+            cuts: &cuts,
+            guard,
+            strip: strip && guard == modelgate::body::StreamGuard::Chat,
+            max_event,
+            broken,
+        });
+    }
+
+    /// A JSON reply (or an error reply with the credential quoted) in any frames, against the
+    /// reply limit.
+    #[test]
+    fn json_reply_bodies_pass_bytes_through(
+        body in prop::collection::vec(prop_oneof![
+            Just(b"sk-upstream-0123456789".to_vec()),
+            Just(b"{\"usage\":{\"prompt_tokens\":3}}".to_vec()),
+            prop::collection::vec(any::<u8>(), 0..16),
+        ], 0..12).prop_map(|p| p.concat()),
+        cuts in prop::collection::vec(0u8..24, 0..6),
+        max in 0u64..256,
+        broken in prop::bool::weighted(0.1),
+        error_reply in any::<bool>(),
+    ) {
+        run_json_reply(&body, &cuts, max, broken, error_reply);
     }
 
     /// Every pair's translator on a golden stream of its upstream's protocol with events
@@ -304,6 +391,7 @@ fn harness_covers_every_pair() {
             upstream.name()
         );
     }
+    assert!(!fixtures().video_requests.is_empty(), "no video request");
     for p in PROTOCOLS {
         assert!(
             fixtures().streams.iter().any(|(u, _)| *u == p),
@@ -377,4 +465,85 @@ fn usage_near_u64_max_saturates() {
         cached: 0,
     };
     assert_eq!(tokens.total(), max);
+}
+
+/// Regression: `json::check_structure` compared a key with a lone surrogate by its escaped
+/// spelling, so `"\ud800"` and `"\uD800"` (one key to JavaScript and Python parsers, which
+/// keep the last) passed as two. Found by this harness's own reading of keys.
+#[test]
+fn a_lone_surrogate_key_spelled_twice_is_refused() {
+    let body = br#"{"model":"to-chat","messages":[{"role":"user","content":"hi"}],"metadata":{"\ud800":"1","\uD800":"2"}}"#;
+    for kind in REQUEST_KINDS {
+        run_request_kind(kind, body);
+    }
+    let bytes = bytes::Bytes::from_static(body);
+    let e = modelgate::validate::request_object(&bytes).err();
+    assert!(
+        e.as_ref()
+            .and_then(|e| e.param.as_deref())
+            .is_some_and(|p| p.starts_with("metadata.")),
+        "{e:?}"
+    );
+}
+
+/// Regressions of the passthrough body wrappers, found by `passthrough_stream_bodies_pass_bytes_through`
+/// (and the body_wrappers fuzz target) against their SSE reference.
+#[test]
+fn passthrough_streams_with_cr_line_ends_and_late_errors() {
+    use modelgate::body::StreamGuard;
+    // Events ended by CR line ends, fed a byte at a time, each within the limit: the event-size
+    // counter missed their ends and cut the stream (fixed on main: sse::EventEnds).
+    let small = [&b"data: {\"a\":1}\r\r"[..]; 20].concat();
+    let stream = [small.as_slice(), b"data: [DONE]\r\r"].concat();
+    for strip in [false, true] {
+        run_passthrough_stream(&StreamCase {
+            input: &stream,
+            cuts: &[1],
+            guard: StreamGuard::Chat,
+            strip,
+            max_event: 16,
+            broken: false,
+        });
+    }
+    // A stream whose terminator line follows a CR line end reached its end: no "ended before it
+    // was complete" error event may follow it (Tail::has_line looked only after LF).
+    for (guard, stream) in [
+        (StreamGuard::Chat, &b"data: {}\r\rdata: [DONE]\r\r"[..]),
+        (
+            StreamGuard::Messages,
+            b"event: message_delta\rdata: {}\r\revent: message_stop\rdata: {}\r\r",
+        ),
+        (
+            StreamGuard::Responses,
+            b"event: response.completed\rdata: {}\r\r",
+        ),
+    ] {
+        for cuts in [&[][..], &[1], &[5, 3]] {
+            run_passthrough_stream(&StreamCase {
+                input: stream,
+                cuts,
+                guard,
+                strip: false,
+                max_event: 1024,
+                broken: false,
+            });
+        }
+    }
+    // An error after the terminator (here the event limit, on an event left open) must still
+    // start on an event boundary: the tail stopped following the stream at the terminator, so
+    // the error event was glued to the open line.
+    let stream = [
+        &b"event: message_stop\ndata: {}\n\ndata: "[..],
+        &[b'x'; 40],
+        b"\n\n",
+    ]
+    .concat();
+    run_passthrough_stream(&StreamCase {
+        input: &stream,
+        cuts: &[8],
+        guard: StreamGuard::Messages,
+        strip: false,
+        max_event: 24,
+        broken: false,
+    });
 }

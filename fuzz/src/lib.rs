@@ -135,14 +135,9 @@ pub fn mutate(u: &mut Unstructured, v: &mut Value, depth: u32) -> Result<()> {
     Ok(())
 }
 
-/// A client request: a fixture of `client`'s mutated a few times, or (sometimes) a fresh tree.
-pub fn request_value(u: &mut Unstructured, client: Protocol) -> Result<Value> {
-    let seeds: Vec<&Value> = fixtures()
-        .requests
-        .iter()
-        .filter(|(p, _)| *p == client)
-        .map(|(_, v)| v)
-        .collect();
+/// A request of `kind`: one of its fixtures mutated a few times, or (sometimes) a fresh tree.
+pub fn request_value(u: &mut Unstructured, kind: RequestKind) -> Result<Value> {
+    let seeds = request_seeds(kind);
     let mut v = if u.ratio(1, 8)? || seeds.is_empty() {
         value(u, 0)?
     } else {
@@ -224,4 +219,46 @@ pub fn stream_bytes(u: &mut Unstructured, upstream: Protocol) -> Result<Vec<u8>>
         out.push(b'\n');
     }
     Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear work
+// ---------------------------------------------------------------------------------------------
+
+/// CPU time this thread has used, in nanoseconds: unlike the wall clock it does not count the
+/// time the (shared, niced) machine gave to others.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Runs `f` and fails when it took more CPU than a generous linear bound in `bytes` and
+/// `pieces` (each piece costs a poll or a call on top of its bytes): a quadratic rescan of a
+/// stretched input overshoots it many times.
+pub fn within_linear_time(what: &str, bytes: usize, pieces: usize, f: impl FnOnce()) {
+    let start = thread_cpu_ns();
+    f();
+    let took = thread_cpu_ns() - start;
+    let bound = 20_000_000 + 20_000 * pieces as u64 + 200 * bytes as u64;
+    assert!(
+        took <= bound,
+        "{what}: {} ms of CPU for {bytes} bytes in {pieces} pieces (bound {} ms)",
+        took / 1_000_000,
+        bound / 1_000_000
+    );
+}
+
+/// `input` repeated until it is at least `len` bytes long (at most 65 536 times).
+pub fn stretched(input: &[u8], len: usize) -> Vec<u8> {
+    if input.is_empty() {
+        return Vec::new();
+    }
+    let times = len.div_ceil(input.len()).min(65_536);
+    input.repeat(times)
 }
