@@ -53,6 +53,13 @@ addresses = ["video"]
     .replace("max_request_bytes = 65536", "max_request_bytes = 1048576")
 }
 
+/// A chat completion's request head, for a body of `len` bytes the test sends as it pleases.
+fn chat_head(len: usize) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    )
+}
+
 async fn hostile(up: &FakeUpstream) -> TestGateway {
     TestGateway::start(&hostile_config(&up.url())).await
 }
@@ -245,11 +252,7 @@ async fn a_request_body_dribbled_inside_the_silence_limit_is_still_cut_off() {
     let addr = gw.running.addr(Address::Base).unwrap();
     let body = serde_json::to_string(&chat_body("m")).unwrap();
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(chat_head(body.len()).as_bytes()).await.unwrap();
     // One byte every 100 ms: never silent for the 300 ms body timeout, but far below 1 KiB/s.
     let (mut rd, mut wr) = s.into_split();
     let bytes = body.into_bytes();
@@ -310,11 +313,7 @@ async fn a_request_body_dribbled_byte_by_byte_is_cut_off_with_408() {
     let addr = gw.running.addr(Address::Base).unwrap();
     let body = serde_json::to_string(&chat_body("m")).unwrap();
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(chat_head(body.len()).as_bytes()).await.unwrap();
     s.write_all(&body.as_bytes()[..1]).await.unwrap();
     // Then silence, well past the 300 ms body timeout; the answer must come by itself.
     let mut answer = Vec::new();

@@ -15,6 +15,17 @@ use common::*;
 use modelgate::config::Address;
 use serde_json::json;
 
+/// A config serving one model on the built-in mock, written into `dir`.
+fn mock_only_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"mock\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nupstream = \"mock\"\n",
+    )
+    .unwrap();
+    path
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("modelgate-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -277,12 +288,7 @@ fn check_accepts_the_shipped_config_and_every_example() {
 fn serve_exits_0_on_sigterm() {
     use std::io::{BufRead, BufReader};
     let dir = temp_dir("sigterm");
-    let path = dir.join("c.toml");
-    std::fs::write(
-        &path,
-        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"mock\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nupstream = \"mock\"\n",
-    )
-    .unwrap();
+    let path = mock_only_config(&dir);
     let mut child = bin()
         .arg("serve")
         .arg("--config")
@@ -349,12 +355,7 @@ fn serve_refuses_to_start_when_the_os_random_source_fails() {
         .status()
         .expect("a C compiler (cc) builds the test's shim");
     assert!(built.success());
-    let path = dir.join("c.toml");
-    std::fs::write(
-        &path,
-        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"mock\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nupstream = \"mock\"\n",
-    )
-    .unwrap();
+    let path = mock_only_config(&dir);
     let mut child = bin()
         .arg("serve")
         .arg("--config")
