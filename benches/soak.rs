@@ -249,6 +249,12 @@ default_max_tokens = 256
 [[models]]
 name = "soak-responses"
 upstream = "up-responses"
+
+# Stored /v1/responses answers are kept for a day by design (gateway.md §13), so with the default
+# 256 MB cap the store alone would grow all through the run. A 1 MB cap fills during the warm-up:
+# what grows after the baseline is then the gateway's own, which is what this bench looks for.
+[store]
+responses_max_mb = 1
 "#
             ),
         )
