@@ -361,7 +361,13 @@ fn render_path(stack: &[Level<'_>], last: Option<Key<'_>>) -> String {
         if !out.is_empty() {
             out.push('.');
         }
-        out.push_str(&String::from_utf8_lossy(&k.text()));
+        let text = k.text();
+        if text.is_empty() {
+            // The empty key, named so a refusal still says where.
+            out.push_str("\"\"");
+        } else {
+            out.push_str(&String::from_utf8_lossy(&text));
+        }
     };
     let depth = stack.len();
     for (n, level) in stack.iter().enumerate() {
@@ -518,6 +524,9 @@ mod tests {
             "repeated m.\u{fffd}\u{fffd}\u{fffd}"
         );
         assert_eq!(problem(r#"{"m":{"\ud800":1,"\udc00":2}}"#), "ok");
+        // The empty key is named as such (found by request_bytes: the refusal's param was "").
+        assert_eq!(problem(r#"{"":1,"":2}"#), r#"repeated """#);
+        assert_eq!(problem(r#"{"a":{"":1,"":2}}"#), r#"repeated a."""#);
         assert_eq!(problem(r#"{"a":{"b":1},"c":{"b":2}}"#), "ok");
         // Strings that look like structure are skipped whole, escapes included.
         assert_eq!(

@@ -254,6 +254,14 @@ pub fn within_linear_time(what: &str, bytes: usize, pieces: usize, f: impl FnOnc
     );
 }
 
+/// True when the stretched linear-time runs are asked for (`MODELGATE_FUZZ_STRETCH=1`): they
+/// cost tens of milliseconds each, so a campaign for coverage leaves them out and a short one
+/// with this set checks the work stays linear.
+pub fn stretch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MODELGATE_FUZZ_STRETCH").is_some_and(|v| v == "1"))
+}
+
 /// `input` repeated until it is at least `len` bytes long (at most 65 536 times).
 pub fn stretched(input: &[u8], len: usize) -> Vec<u8> {
     if input.is_empty() {
