@@ -71,70 +71,76 @@ impl StreamGuard {
     }
 }
 
-/// Holds the last bytes of a stream, enough to see whether it ended with its terminator.
-struct Tail {
-    buf: Vec<u8>,
+/// One pass over a stream's bytes: where its events end (for the event limit, and for an error
+/// event written later) and whether a line has started with one of its terminal markers.
+#[derive(Debug)]
+struct StreamScan {
+    ends: crate::sse::EventEnds,
+    /// The first bytes of the current line, while it may still turn out to be a marker: a line
+    /// that begins at the end of one frame is finished by the next.
+    head: [u8; Self::HEAD],
+    head_len: usize,
+    head_open: bool,
 }
 
-impl Default for Tail {
-    /// Starts as if after a line break, so a terminator on the stream's first line is found too.
+impl Default for StreamScan {
+    /// Starts as if after a line break, so a marker on the stream's first line is found too.
     fn default() -> Self {
-        Self { buf: vec![b'\n'] }
+        Self {
+            ends: crate::sse::EventEnds::default(),
+            head: [0; Self::HEAD],
+            head_len: 0,
+            head_open: true,
+        }
     }
 }
 
-impl Tail {
-    const KEEP: usize = 32;
+impl StreamScan {
+    /// Longer than every terminal marker.
+    const HEAD: usize = 32;
 
-    fn push(&mut self, data: &[u8]) {
-        let take = data.len().min(Self::KEEP);
-        self.buf.extend_from_slice(&data[data.len() - take..]);
-        if self.buf.len() > Self::KEEP {
-            let cut = self.buf.len() - Self::KEEP;
-            self.buf.drain(..cut);
+    /// Feeds the next frame. Returns where the last event that ends in it ends, and whether a
+    /// line in it (or one begun before it) starts with one of `markers`. A line starts after a
+    /// `\n` or a `\r` (SSE's three line ends: in a CRLF the `\r` is followed by the `\n`, never by
+    /// a marker). Text inside a JSON payload holds no raw line break, so a marker written inside
+    /// an answer is never at a line start.
+    fn feed(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
+        let starts = |line: &[u8]| markers.iter().any(|m| line.starts_with(m));
+        let mut found = false;
+        if self.head_open && !markers.is_empty() {
+            // The line in progress began in an earlier frame, less than HEAD bytes ago.
+            let line_end = memchr::memchr2(b'\n', b'\r', data).unwrap_or(data.len());
+            let take = line_end.min(Self::HEAD - self.head_len);
+            self.head[self.head_len..self.head_len + take].copy_from_slice(&data[..take]);
+            self.head_len += take;
+            found = starts(&self.head[..self.head_len]);
         }
+        let mut last_end = None;
+        let mut last_line = None;
+        self.ends.feed_lines(
+            data,
+            |end| last_end = Some(end),
+            |start| {
+                found = found || starts(&data[start..]);
+                last_line = Some(start);
+            },
+        );
+        // Whether the last line of this frame may still become a marker with the next frame.
+        match last_line {
+            Some(start) if data.len() - start < Self::HEAD => {
+                self.head_len = data.len() - start;
+                self.head[..self.head_len].copy_from_slice(&data[start..]);
+                self.head_open = true;
+            }
+            Some(_) => self.head_open = false,
+            None => self.head_open = self.head_open && self.head_len < Self::HEAD,
+        }
+        (last_end, found)
     }
 
-    /// True when one of `lines` (none longer than `KEEP` less its line break) starts a line, in
-    /// the kept tail followed by `data`, so a marker split across frames is still found. A line
-    /// starts after a `\n` or a `\r` (SSE's three line ends: in a CRLF the `\r` is followed by
-    /// the `\n`, never by a marker).
-    ///
-    /// Only line starts are tried: `memchr` finds the line breaks and each is compared with the
-    /// markers, which costs a few comparisons per line instead of one substring search per marker
-    /// over the whole frame.
-    fn has_line(&self, data: &[u8], lines: &[&[u8]]) -> bool {
-        let starts_at = |hay: &[u8], at: usize| lines.iter().any(|l| hay[at + 1..].starts_with(l));
-        if memchr::memchr2_iter(b'\n', b'\r', data).any(|at| starts_at(data, at)) {
-            return true;
-        }
-        // A marker that starts at a line break in the tail ends within its first KEEP bytes of
-        // `data`: the seam is a small copy. One that starts in `data` and runs past its end is
-        // found with the next frame, its line break then being in the tail.
-        let head = &data[..data.len().min(Self::KEEP)];
-        let mut seam = [0u8; 2 * Self::KEEP];
-        let len = self.buf.len() + head.len();
-        if len > seam.len() {
-            return false;
-        }
-        seam[..self.buf.len()].copy_from_slice(&self.buf);
-        seam[self.buf.len()..len].copy_from_slice(head);
-        let seam = &seam[..len];
-        memchr::memchr2_iter(b'\n', b'\r', &self.buf).any(|at| starts_at(seam, at))
-    }
-
-    /// True when what passed ends at an event's end: its last line is blank, whichever of the
-    /// three line ends close it and the line before it.
+    /// True when what passed ends at an event's end, whichever of the three line ends close it.
     fn ends_event(&self) -> bool {
-        let b = self.buf.as_slice();
-        if b == b"\n" {
-            return true;
-        }
-        let rest = b
-            .strip_suffix(b"\r\n")
-            .or_else(|| b.strip_suffix(b"\n"))
-            .or_else(|| b.strip_suffix(b"\r"));
-        rest.is_some_and(|r| r.ends_with(b"\n") || r.ends_with(b"\r"))
+        self.ends.at_event_end()
     }
 }
 
@@ -153,7 +159,10 @@ pin_project! {
         idle: Sleep,
         idle_timeout: Duration,
         guard: StreamGuard,
-        tail: Tail,
+        scan: StreamScan,
+        // What the client got so far ends at an event's end: an error event needs no blank
+        // line before it. A frame refused by a limit is scanned but never sent.
+        sent_ends_event: bool,
         terminal_seen: bool,
         done: bool,
         fate: Option<Fate>,
@@ -171,11 +180,11 @@ struct BodyLimits {
     event_max: Option<usize>,
     /// Bytes since the last event boundary seen.
     event_len: usize,
-    event_ends: crate::sse::EventEnds,
 }
 
 impl BodyLimits {
-    fn check(&mut self, data: &[u8]) -> Option<GatewayError> {
+    /// `last_end`: where the last event ending in `data` ends, from the stream's scan.
+    fn check(&mut self, data: &[u8], last_end: Option<usize>) -> Option<GatewayError> {
         if let Some(left) = self.reply_left.as_mut() {
             match left.checked_sub(data.len() as u64) {
                 Some(l) => *left = l,
@@ -183,7 +192,7 @@ impl BodyLimits {
             }
         }
         if let Some(max) = self.event_max {
-            self.event_len = match self.event_ends.last_end(data) {
+            self.event_len = match last_end {
                 Some(end) => data.len() - end,
                 None => self.event_len.saturating_add(data.len()),
             };
@@ -213,7 +222,8 @@ impl<B> UpstreamBody<B> {
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
             guard,
-            tail: Tail::default(),
+            scan: StreamScan::default(),
+            sent_ends_event: true,
             terminal_seen: false,
             done: false,
             fate: None,
@@ -262,22 +272,27 @@ where
                 this.idle
                     .as_mut()
                     .reset(Instant::now() + *this.idle_timeout);
-                let over = frame.data_ref().and_then(|d| this.limits.check(d));
-                if let Some(over) = over {
-                    over
-                } else {
-                    if *this.guard != StreamGuard::None {
-                        if let Some(data) = frame.data_ref() {
-                            if !*this.terminal_seen {
-                                *this.terminal_seen =
-                                    this.tail.has_line(data, this.guard.terminals());
-                            }
-                            // Kept after the terminator too: an error written later (the
-                            // event limit, a break) must know whether an event is open.
-                            this.tail.push(data);
-                        }
-                    }
+                let Some(data) = frame.data_ref() else {
                     return Poll::Ready(Some(Ok(frame)));
+                };
+                let mut last_end = None;
+                if *this.guard != StreamGuard::None || this.limits.event_max.is_some() {
+                    let markers = match *this.terminal_seen {
+                        true => &[][..],
+                        false => this.guard.terminals(),
+                    };
+                    let (end, found) = this.scan.feed(data, markers);
+                    last_end = end;
+                    *this.terminal_seen |= found;
+                }
+                match this.limits.check(data, last_end) {
+                    Some(over) => over,
+                    None => {
+                        // Kept after the terminator too: an error written later (the event
+                        // limit, a break) must know whether an event is open.
+                        *this.sent_ends_event = this.scan.ends_event();
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
                 }
             }
             Poll::Ready(Some(Err(e))) => {
@@ -322,7 +337,7 @@ where
         match this.guard {
             StreamGuard::None => Poll::Ready(Some(Err(Box::new(failure)))),
             guard => {
-                let bytes = guard.error_bytes(&failure, this.tail.ends_event());
+                let bytes = guard.error_bytes(&failure, *this.sent_ends_event);
                 Poll::Ready(Some(Ok(Frame::data(bytes))))
             }
         }
@@ -651,29 +666,30 @@ mod tests {
         assert_eq!(all.ok().as_deref(), Some(&b"hello world"[..]));
     }
 
+    /// Whether a marker starts a line, feeding `frames` one after the other.
+    fn found(frames: &[&[u8]], markers: &[&[u8]]) -> bool {
+        let mut scan = StreamScan::default();
+        frames.iter().any(|f| scan.feed(f, markers).1)
+    }
+
     #[test]
     fn a_marker_is_found_inside_a_frame_and_across_the_seam() {
         let markers = StreamGuard::Messages.terminals();
         let marker = b"\nevent: message_stop";
         for cut in 0..=marker.len() {
-            let mut tail = Tail::default();
             let first = [&b"event: x\ndata: {}\n"[..], &marker[..cut]].concat();
             let second = [&marker[cut..], &b"\ndata: {}\n\n"[..]].concat();
-            let found_first = tail.has_line(&first, markers);
-            tail.push(&first);
-            let found_second = tail.has_line(&second, markers);
-            assert!(found_first || found_second, "cut at {cut}");
+            assert!(found(&[&first, &second], markers), "cut at {cut}");
         }
         // Split in three: the middle frame alone holds no line break.
-        let mut tail = Tail::default();
-        for part in [&b"data: {}\n\nda"[..], b"ta: [DO", b"NE]\n\n"] {
-            let found = tail.has_line(part, StreamGuard::Chat.terminals());
-            tail.push(part);
-            if found {
-                return;
-            }
-        }
-        panic!("a [DONE] split in three frames was missed");
+        let done = StreamGuard::Chat.terminals();
+        assert!(found(&[b"data: {}\n\nda", b"ta: [DO", b"NE]\n\n"], done));
+        // One byte a frame.
+        let bytes = b"data: {}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let frames: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert!(found(&frames, done));
+        let frames: Vec<&[u8]> = b"data: {\"x\":1}\n\ndata: [DONE".chunks(1).collect();
+        assert!(!found(&frames, done), "a marker cut short is not one");
     }
 
     #[test]
@@ -681,14 +697,20 @@ mod tests {
         // Found by the body_wrappers fuzz target's reference (SSE's CR-only line ends): a
         // finished stream got an "ended before it was complete" error event after its end.
         let done = StreamGuard::Chat.terminals();
-        assert!(Tail::default().has_line(b"data: {}\r\rdata: [DONE]\r\r", done));
-        let mut tail = Tail::default();
-        tail.push(b"data: {}\r\rdata: [D");
-        assert!(tail.has_line(b"ONE]\r\r", done), "split across frames");
+        assert!(found(&[b"data: {}\r\rdata: [DONE]\r\r"], done));
+        assert!(
+            found(&[b"data: {}\r\rdata: [D", b"ONE]\r\r"], done),
+            "split across frames"
+        );
+        assert!(
+            found(&[b"data: {}\r", b"\ndata: [DONE]\r\n"], done),
+            "CRLF split"
+        );
         let stop = StreamGuard::Messages.terminals();
-        assert!(Tail::default().has_line(b"\revent: message_stop\rdata: {}\r\r", stop));
+        assert!(found(&[b"\revent: message_stop\rdata: {}\r\r"], stop));
         for (bytes, ends) in [
-            (&b"data: x\n\n"[..], true),
+            (&b""[..], true),
+            (b"data: x\n\n", true),
             (b"data: x\r\r", true),
             (b"data: x\r\n\r\n", true),
             (b"data: x\n\r\n", true),
@@ -698,12 +720,23 @@ mod tests {
             (b"data: x\r", false),
             (b"data: x", false),
         ] {
-            let mut tail = Tail::default();
-            tail.push(bytes);
+            let mut scan = StreamScan::default();
+            scan.feed(bytes, done);
             assert_eq!(
-                tail.ends_event(),
+                scan.ends_event(),
                 ends,
                 "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+            // The same bytes one at a time.
+            let mut scan = StreamScan::default();
+            for b in bytes.chunks(1) {
+                scan.feed(b, done);
+            }
+            assert_eq!(
+                scan.ends_event(),
+                ends,
+                "{:?} byte by byte",
                 String::from_utf8_lossy(bytes)
             );
         }
@@ -712,17 +745,21 @@ mod tests {
     #[test]
     fn only_a_marker_at_a_line_start_counts() {
         let done = StreamGuard::Chat.terminals();
-        // The seed finds one on the very first line.
-        assert!(Tail::default().has_line(b"data: [DONE]\n\n", done));
-        assert!(Tail::default().has_line(b"data: {}\n\ndata:[DONE]\n\n", done));
-        assert!(!Tail::default().has_line(b"data: {\"content\":\"say data: [DONE]\"}\n\n", done));
-        let mut tail = Tail::default();
-        tail.push(b"data: {\"content\":\"x");
+        // The stream's start is a line start.
+        assert!(found(&[b"data: [DONE]\n\n"], done));
+        assert!(found(&[b"data: {}\n\ndata:[DONE]\n\n"], done));
+        assert!(!found(
+            &[b"data: {\"content\":\"say data: [DONE]\"}\n\n"],
+            done
+        ));
         assert!(
-            !tail.has_line(b"data: [DONE]\"}\n\n", done),
+            !found(&[b"data: {\"content\":\"x", b"data: [DONE]\"}\n\n"], done),
             "mid-line is not a line start"
         );
-        assert!(!Tail::default().has_line(b"", done));
+        // A line longer than the kept head, then the marker glued to it.
+        let long = [&b"data: "[..], &[b'x'; 40], b"data: [DONE]"].concat();
+        assert!(!found(&[&long[..20], &long[20..]], done));
+        assert!(!found(&[b""], done));
     }
 }
 

@@ -85,6 +85,13 @@ impl UsageReader {
             Kind::Sse(partial, ends) => {
                 // Only the new bytes are searched for event ends: a long event in many small
                 // frames is not rescanned with each (it cost up to 64 KiB of search a frame).
+                // The usual frame is whole events: whatever came before, a frame ending in
+                // "\n\n" ends at an event's end, leaving the scanner as at the stream's start.
+                if partial.is_empty() && bytes.ends_with(b"\n\n") {
+                    *ends = crate::sse::EventEnds::default();
+                    scan_events(self.protocol, bytes, &mut self.usage);
+                    return;
+                }
                 match ends.last_end(bytes) {
                     Some(end) if partial.is_empty() => {
                         scan_events(self.protocol, &bytes[..end], &mut self.usage);

@@ -129,28 +129,53 @@ impl SseDecoder {
 /// Finds where events end (just after their blank line) in a stream fed in arbitrary pieces,
 /// whatever its line ends (`\n`, `\r\n`, `\r`), looking at each byte once: what passes events
 /// through without decoding them measures and cuts them with it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EventEnds {
     /// The current line has bytes: a line end here does not end an event.
     in_line: bool,
     /// The last byte was a `\r` line end: a `\n` right after it belongs to it.
     after_cr: bool,
+    /// Nothing came since the last event's end (or the stream's start).
+    at_event_end: bool,
+}
+
+impl Default for EventEnds {
+    fn default() -> Self {
+        Self {
+            in_line: false,
+            after_cr: false,
+            at_event_end: true,
+        }
+    }
 }
 
 impl EventEnds {
     /// Feeds the next piece; `each` gets the offset (in `data`) just after every event's end.
-    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(usize)) {
+    pub fn feed(&mut self, data: &[u8], each: impl FnMut(usize)) {
+        self.feed_lines(data, each, |_| {});
+    }
+
+    /// As `feed`, and `line` gets the offset just after every line end (a line start, or the
+    /// `\n` of a CRLF), in the same pass.
+    pub fn feed_lines(
+        &mut self,
+        data: &[u8],
+        mut each: impl FnMut(usize),
+        mut line: impl FnMut(usize),
+    ) {
         let mut line_start = 0;
         for i in memchr::memchr2_iter(b'\n', b'\r', data) {
             let content = i > line_start;
             line_start = i + 1;
+            line(i + 1);
             if content {
                 self.in_line = true;
             } else if data[i] == b'\n' && self.after_cr {
                 self.after_cr = false;
                 continue;
             }
-            if !self.in_line {
+            self.at_event_end = !self.in_line;
+            if self.at_event_end {
                 each(i + 1);
             }
             self.in_line = false;
@@ -159,7 +184,14 @@ impl EventEnds {
         if line_start < data.len() {
             self.in_line = true;
             self.after_cr = false;
+            self.at_event_end = false;
         }
+    }
+
+    /// True when what was fed so far ends at an event's end (or is nothing): an event written
+    /// next needs no blank line before it.
+    pub fn at_event_end(&self) -> bool {
+        self.at_event_end
     }
 
     /// Feeds the next piece; where the last event that ends in it ends.
