@@ -342,6 +342,9 @@ async fn dispatch(
     req: Request<Incoming>,
     ctx: &mut Ctx,
 ) -> Result<Response<Body>, GatewayError> {
+    // The future of a request lives inline in hyper's per-connection state for as long as the
+    // connection is open, sized for its largest branch: the less frequent branches with large
+    // futures are boxed, so open streams and idle keep-alive connections do not carry them.
     match ep {
         Endpoint::Llm(protocol) => {
             ctx.protocol = protocol.name();
@@ -349,11 +352,11 @@ async fn dispatch(
         }
         Endpoint::CountTokens => {
             ctx.protocol = Protocol::Messages.name();
-            count_tokens(gw, rt, address, req, ctx).await
+            Box::pin(count_tokens(gw, rt, address, req, ctx)).await
         }
         Endpoint::StoredResponse => {
             ctx.protocol = Protocol::Responses.name();
-            stored_response(gw, rt, address, req, ctx).await
+            Box::pin(stored_response(gw, rt, address, req, ctx)).await
         }
         Endpoint::Models => {
             let principal = rt.keys.authenticate(req.headers(), address, false)?;
@@ -375,7 +378,7 @@ async fn dispatch(
         }
         Endpoint::Video => {
             ctx.protocol = "video";
-            video(gw, rt, req, ctx).await
+            Box::pin(video(gw, rt, req, ctx)).await
         }
         Endpoint::Mock(protocol) => {
             let (parts, body) = req.into_parts();
@@ -441,8 +444,12 @@ async fn admit(
     limits: KeyLimits,
     ctx: &mut Ctx,
 ) -> Result<Hold, GatewayError> {
+    if limits.is_unlimited() {
+        return Ok(Hold::default());
+    }
     let slot = ctx.request_id.to_str().unwrap_or("request");
-    match gw.services.limiter.admit(key, limits, slot).await {
+    // Boxed: the store's round trip is a large future, needed only by limited keys.
+    match Box::pin(gw.services.limiter.admit(key, limits, slot)).await {
         Ok(mut admission) => {
             ctx.extra_headers = std::mem::take(&mut admission.headers);
             Ok(admission.take_hold())
@@ -696,7 +703,9 @@ async fn llm(
     // the upstream that keeps it) before anything is planned.
     let prepared = match protocol {
         Protocol::Responses => {
-            Some(stateful::prepare(&gw.services.responses, &principal.name, &bytes, &obj).await?)
+            // Boxed, as is `finish` below: large futures only responses requests need.
+            let prepare = stateful::prepare(&gw.services.responses, &principal.name, &bytes, &obj);
+            Some(Box::pin(prepare).await?)
         }
         _ => None,
     };
@@ -751,14 +760,14 @@ async fn llm(
                 (Some(up), Protocol::Responses, true) => stateful::Served::Upstream(up.clone()),
                 _ => stateful::Served::Kept,
             };
-            stateful::finish(
+            Box::pin(stateful::finish(
                 gw.services.responses.clone(),
                 &principal.name,
                 p,
                 served,
                 resp,
                 gw.services.limits.max_event_bytes,
-            )
+            ))
             .await?
         }
         _ => resp,

@@ -252,7 +252,11 @@ impl Connection {
             // with long pauses is never taken for an idle connection.
             let request = busy.request();
             async move {
-                let resp = pipeline::handle(&gw, address, req).await;
+                // hyper keeps this future's box for the connection's life, and the pipeline's
+                // future is several KB: boxed on its own, it is freed once the response head is
+                // out, instead of staying with every open stream and idle keep-alive connection
+                // (7 KB less per open stream in benches/memory.sh, for under 1% more instructions).
+                let resp = Box::pin(pipeline::handle(&gw, address, req)).await;
                 Ok::<_, std::convert::Infallible>(
                     resp.map(|b| BodyExt::boxed(crate::body::Guarded::new(b, request))),
                 )
