@@ -107,24 +107,35 @@ impl StreamScan {
     fn feed(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
         let starts = |line: &[u8]| markers.iter().any(|m| line.starts_with(m));
         let mut found = false;
-        if self.head_open && !markers.is_empty() {
-            // The line in progress began in an earlier frame, less than HEAD bytes ago.
-            let line_end = memchr::memchr2(b'\n', b'\r', data).unwrap_or(data.len());
-            let take = line_end.min(Self::HEAD - self.head_len);
-            self.head[self.head_len..self.head_len + take].copy_from_slice(&data[..take]);
-            self.head_len += take;
-            found = starts(&self.head[..self.head_len]);
-        }
+        let mut first_break = None;
         let mut last_end = None;
         let mut last_line = None;
         self.ends.feed_lines(
             data,
             |end| last_end = Some(end),
             |start| {
+                first_break = first_break.or(Some(start - 1));
                 found = found || starts(&data[start..]);
                 last_line = Some(start);
             },
         );
+        if self.head_open && !markers.is_empty() {
+            // The line in progress at the frame's start began less than HEAD bytes ago.
+            let line = &data[..first_break.unwrap_or(data.len())];
+            if self.head_len == 0 {
+                // It begins here (the usual frame: whole events), so nothing needs copying.
+                found = found || starts(line);
+                if last_line.is_none() {
+                    self.head_len = line.len().min(Self::HEAD);
+                    self.head[..self.head_len].copy_from_slice(&line[..self.head_len]);
+                }
+            } else {
+                let take = line.len().min(Self::HEAD - self.head_len);
+                self.head[self.head_len..self.head_len + take].copy_from_slice(&line[..take]);
+                self.head_len += take;
+                found = found || starts(&self.head[..self.head_len]);
+            }
+        }
         // Whether the last line of this frame may still become a marker with the next frame.
         match last_line {
             Some(start) if data.len() - start < Self::HEAD => {
@@ -155,9 +166,13 @@ pin_project! {
     pub struct UpstreamBody<B> {
         #[pin]
         inner: B,
+        // Armed for the idle timeout, but not moved with every frame: when it fires, it is
+        // moved to `last_frame` plus the timeout if a frame came since (a reset per frame cost
+        // more than the rest of the frame's own checks).
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        last_frame: Instant,
         guard: StreamGuard,
         scan: StreamScan,
         // What the client got so far ends at an event's end: an error event needs no blank
@@ -221,6 +236,7 @@ impl<B> UpstreamBody<B> {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            last_frame: Instant::now(),
             guard,
             scan: StreamScan::default(),
             sent_ends_event: true,
@@ -269,9 +285,7 @@ where
         }
         let failure = match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.idle
-                    .as_mut()
-                    .reset(Instant::now() + *this.idle_timeout);
+                *this.last_frame = Instant::now();
                 let Some(data) = frame.data_ref() else {
                     return Poll::Ready(Some(Ok(frame)));
                 };
@@ -314,7 +328,14 @@ where
                 }
             }
             Poll::Pending => {
-                ready!(this.idle.as_mut().poll(cx));
+                loop {
+                    ready!(this.idle.as_mut().poll(cx));
+                    let deadline = *this.last_frame + *this.idle_timeout;
+                    if deadline <= this.idle.deadline() {
+                        break;
+                    }
+                    this.idle.as_mut().reset(deadline);
+                }
                 let idle = IdleTimeout(*this.idle_timeout);
                 GatewayError {
                     source: Some(std::sync::Arc::new(idle)),
@@ -739,6 +760,30 @@ mod tests {
                 "{:?} byte by byte",
                 String::from_utf8_lossy(bytes)
             );
+        }
+    }
+
+    #[test]
+    fn every_split_in_three_finds_what_the_whole_stream_has() {
+        let done = StreamGuard::Chat.terminals();
+        let streams: [&[u8]; 6] = [
+            b"data: {\"a\":1}\n\ndata: [DONE]\n\n",
+            b"data: {\"a\":1}\r\n\r\ndata:[DONE]\r\n\r\n",
+            b"data: {\"a\":1}\r\rdata: [DONE]",
+            b"data: {\"a\":\"data: [DONE]\"}\n\n",
+            b"data: [DON\ndata: E]\n\n",
+            b"xdata: [DONE]\n\n",
+        ];
+        for stream in streams {
+            let whole = std::iter::once(0)
+                .chain(memchr::memchr2_iter(b'\n', b'\r', stream).map(|i| i + 1))
+                .any(|at| done.iter().any(|m| stream[at..].starts_with(m)));
+            for i in 0..=stream.len() {
+                for j in i..=stream.len() {
+                    let parts = [&stream[..i], &stream[i..j], &stream[j..]];
+                    assert_eq!(found(&parts, done), whole, "{parts:?}");
+                }
+            }
         }
     }
 

@@ -170,6 +170,29 @@ async fn stream_idle_past_timeout_ends_with_error() {
 }
 
 #[tokio::test]
+async fn a_stream_longer_than_the_idle_timeout_with_frames_inside_it_is_not_cut() {
+    // 2 s of idle timeout; frames 0.8 s apart for 3.2 s: the timer counts from the last frame.
+    let gap = Duration::from_millis(800);
+    let up = FakeUpstream::start(move |_| {
+        Reply::sse(vec![
+            (Duration::ZERO, FIRST),
+            (gap, FIRST),
+            (gap, FIRST),
+            (gap, FIRST),
+            (gap, "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let resp = start_stream(&gw).await;
+    let text = read_all(resp).await;
+    assert_eq!(
+        text,
+        format!("{FIRST}{FIRST}{FIRST}{FIRST}data: [DONE]\n\n")
+    );
+}
+
+#[tokio::test]
 async fn clean_stream_gets_no_extra_bytes() {
     let up = FakeUpstream::start(|_| {
         Reply::sse(vec![
