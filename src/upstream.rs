@@ -40,17 +40,26 @@ pub enum UpstreamIncoming {
     Shared(Incoming),
 }
 
+/// Why an upstream response body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(transparent)]
+    Plain(#[from] h1::Error),
+    #[error(transparent)]
+    Shared(#[from] hyper::Error),
+}
+
 impl http_body::Body for UpstreamIncoming {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            Self::Plain(b) => Pin::new(b).poll_frame(cx),
-            Self::Shared(b) => Pin::new(b).poll_frame(cx),
+            Self::Plain(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::Plain),
+            Self::Shared(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::Shared),
         }
     }
 
@@ -192,6 +201,15 @@ fn classify(upstream: &str, e: hyper_util::client::legacy::Error) -> GatewayErro
 fn classify_plain(upstream: &str, e: h1::SendError) -> GatewayError {
     match e {
         h1::SendError::Connect(e) => failed(upstream, true, ConnectFailed(e)),
+        // An answer that is not HTTP/1.1 is the upstream's fault, as a malformed reply is.
+        h1::SendError::Request(e @ (h1::Error::Head(_) | h1::Error::HeadTooLarge)) => {
+            GatewayError::upstream(
+                ErrorKind::UpstreamBadResponse,
+                RetryClass::ServerError,
+                format!("upstream {upstream:?} sent a malformed answer: {e}"),
+                e,
+            )
+        }
         h1::SendError::Request(e) => failed(upstream, false, e),
         h1::SendError::Closed => failed(upstream, false, ClosedEarly),
         h1::SendError::NoAuthority => GatewayError::new(

@@ -2,50 +2,90 @@
 //!
 //! hyper-util's pooled client runs every connection as a task of its own, so each body frame
 //! crosses from that task to the client connection's task through a channel, with a wake-up (often
-//! on the other worker thread) per frame. Here the connection is polled by whoever polls the
-//! response body: the socket read, the chunk decode and the client write of one upstream frame
-//! happen in one task poll. HTTPS upstreams stay on the shared client, which negotiates HTTP/2.
+//! on the other worker thread) per frame. Here the connection is read by whoever polls the response
+//! body: the socket read, the de-framing and the client write of one upstream read happen in one
+//! task poll, and everything one read brought (often many events) goes on as one frame. The wire
+//! format is [`codec`]'s. HTTPS upstreams stay on the shared client, which negotiates HTTP/2.
 
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::uri::{Authority, Parts, Uri};
-use http::{Request, Response};
+use bytes::{Bytes, BytesMut};
+use http::header::HeaderValue;
+use http::uri::{Authority, Uri};
+use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-type Io = TokioIo<TcpStream>;
+mod codec;
+
+pub use codec::Error;
+use codec::{Chunked, Framing};
 
 /// Authorities remembered before those with no idle connection are forgotten.
 const MAX_ORIGINS: usize = 64;
+/// The first read buffer of a connection; a stream's frames are far smaller.
+const READ_SIZE: usize = 8 * 1024;
+/// The read buffer grows (for large replies and downloads) up to this.
+const MAX_READ_SIZE: usize = 256 * 1024;
+/// A request body at most this long goes out in the same write as its head.
+const INLINE_BODY: usize = 64 * 1024;
 
-/// One HTTP/1.1 connection: the handle that sends requests and the state machine that drives I/O.
+/// One HTTP/1.1 connection and the bytes read from it that no response has claimed yet.
 struct Conn {
-    tx: http1::SendRequest<Full<Bytes>>,
-    driver: http1::Connection<Io, Full<Bytes>>,
+    io: TcpStream,
+    buf: BytesMut,
+    /// How much the next read asks room for: grows while reads fill it.
+    read_size: usize,
 }
 
 impl Conn {
-    /// Polls the connection's I/O; false once it has ended (closed by either side, or failed).
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        Pin::new(&mut self.driver).poll(cx).is_pending()
+    fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+            read_size: READ_SIZE,
+        }
     }
 
-    /// True when the connection can take a request now. Polling without a waker lets hyper notice
-    /// a close the upstream sent while the connection sat idle.
+    /// Reads what the socket has into the buffer; `Ok(0)` at the upstream's close.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < self.read_size / 4 {
+            self.buf.reserve(self.read_size);
+        }
+        loop {
+            ready!(self.io.poll_read_ready(cx))?;
+            let room = self.buf.capacity() - self.buf.len();
+            match self.io.try_read_buf(&mut self.buf) {
+                Ok(n) => {
+                    if n == room && self.read_size < MAX_READ_SIZE {
+                        self.read_size *= 2;
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// True when the idle connection can take a request: the upstream has neither closed it nor
+    /// sent anything unasked.
     fn usable(&mut self) -> bool {
-        !self.tx.is_closed() && self.drive(&mut quiet()) && self.tx.is_ready()
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -66,8 +106,8 @@ struct Origin {
 pub enum SendError {
     /// No connection could be made.
     Connect(Box<dyn std::error::Error + Send + Sync>),
-    /// The connection failed or closed before the head arrived.
-    Request(hyper::Error),
+    /// The connection failed, or the answer was not HTTP, before the head was read.
+    Request(Error),
     /// The connection ended before the head arrived, with nothing more said.
     Closed,
     /// The request URI names no host.
@@ -82,6 +122,13 @@ pub struct H1Pool {
     max_idle: usize,
 }
 
+/// A request as it goes on the wire: its head already written out, and its body.
+struct Outgoing {
+    method: Method,
+    head: Vec<u8>,
+    body: Bytes,
+}
+
 impl H1Pool {
     pub fn new(connector: HttpConnector, idle_timeout: Duration, max_idle: usize) -> Self {
         Self {
@@ -93,49 +140,78 @@ impl H1Pool {
     }
 
     /// Sends `req` (an absolute `http://` URI) and waits for the response head. The returned body
-    /// drives the connection; once read to its end the connection goes back to the pool.
+    /// reads the connection; once read to its end the connection goes back to the pool.
     pub async fn send(
         self: &Arc<Self>,
-        mut req: Request<Full<Bytes>>,
+        req: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, SendError> {
-        let authority = req
-            .uri()
+        let (parts, body) = req.into_parts();
+        let authority = parts
+            .uri
             .authority()
             .cloned()
             .ok_or(SendError::NoAuthority)?;
         let (idle, host) = self.checkout(&authority)?;
-        let connect_uri = std::mem::take(req.uri_mut());
-        *req.uri_mut() = origin_form(&connect_uri);
-        req.headers_mut().entry(header::HOST).or_insert(host);
+        let body = full_bytes(body);
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
+        codec::write_head(
+            &mut head,
+            &parts.method,
+            target,
+            &host,
+            &parts.headers,
+            body.len(),
+        );
+        let out = Outgoing {
+            method: parts.method,
+            head,
+            body,
+        };
         if let Some(conn) = idle {
-            match exchange(conn, req).await {
-                Ok((resp, conn)) => return Ok(self.wrap(resp, conn, authority)),
+            match exchange(conn, &out, true).await {
+                Ok((head, conn)) => return Ok(self.wrap(head, conn, authority)),
                 // An idle connection the upstream closed just as it was taken: the request was
                 // not written, so it goes out again on a new connection.
-                Err(Failure::NotSent(back)) => req = *back,
+                Err(Failure::NotSent) => {}
                 Err(Failure::Failed(e)) => return Err(SendError::Request(e)),
                 Err(Failure::Closed) => return Err(SendError::Closed),
             }
         }
-        let conn = self.connect(connect_uri).await?;
-        match exchange(conn, req).await {
-            Ok((resp, conn)) => Ok(self.wrap(resp, conn, authority)),
-            Err(Failure::NotSent(_) | Failure::Closed) => Err(SendError::Closed),
+        let conn = self.connect(parts.uri).await?;
+        match exchange(conn, &out, false).await {
+            Ok((head, conn)) => Ok(self.wrap(head, conn, authority)),
+            Err(Failure::NotSent | Failure::Closed) => Err(SendError::Closed),
             Err(Failure::Failed(e)) => Err(SendError::Request(e)),
         }
     }
 
     fn wrap(
         self: &Arc<Self>,
-        resp: Response<Incoming>,
+        head: codec::Head,
         conn: Box<Conn>,
         authority: Authority,
     ) -> Response<PooledBody> {
-        resp.map(|inner| PooledBody {
-            inner: Some(inner),
+        let reading = match head.framing {
+            Framing::Length(n) => Reading::Length(n),
+            Framing::Chunked => Reading::Chunked(Chunked::default()),
+            Framing::Close => Reading::Close,
+        };
+        let mut body = PooledBody {
+            reading,
             conn: Some(conn),
             home: Some((Arc::clone(self), authority)),
-        })
+            keep_alive: head.keep_alive,
+        };
+        if matches!(body.reading, Reading::Length(0)) {
+            body.reading = Reading::Done;
+            body.release();
+        }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        resp
     }
 
     /// A usable idle connection to `authority` if there is one, and the `Host` value for it.
@@ -174,7 +250,12 @@ impl H1Pool {
         Ok((None, origin.host.clone()))
     }
 
-    fn checkin(&self, authority: &Authority, conn: Box<Conn>) {
+    fn checkin(&self, authority: &Authority, mut conn: Box<Conn>) {
+        // A buffer grown for a large reply is not kept for an idle connection.
+        if conn.buf.capacity() > READ_SIZE {
+            conn.buf = BytesMut::new();
+            conn.read_size = READ_SIZE;
+        }
         let mut origins = self.lock();
         if let Some(origin) = origins.iter_mut().find(|o| &o.authority == authority) {
             if origin.idle.len() < self.max_idle {
@@ -195,160 +276,230 @@ impl H1Pool {
 
     async fn connect(&self, uri: Uri) -> Result<Box<Conn>, SendError> {
         let mut connector = self.connector.clone();
-        let io = connector
+        let io: TokioIo<TcpStream> = connector
             .call(uri)
             .await
             .map_err(|e| SendError::Connect(Box::new(e)))?;
-        let (tx, driver) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(SendError::Request)?;
-        Ok(Box::new(Conn { tx, driver }))
+        Ok(Box::new(Conn::new(io.into_inner())))
+    }
+}
+
+/// The bytes of a request body that is all in memory.
+fn full_bytes(mut body: Full<Bytes>) -> Bytes {
+    // `Full` yields its one frame at once, without waiting.
+    match Pin::new(&mut body).poll_frame(&mut quiet()) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
     }
 }
 
 enum Failure {
-    /// The connection was not ready; the request was not written and comes back.
-    NotSent(Box<Request<Full<Bytes>>>),
-    Failed(hyper::Error),
+    /// The connection was found closed before any of the request went out.
+    NotSent,
+    Failed(Error),
     Closed,
 }
 
-/// Writes `req` on `conn` and reads the response head, driving the connection meanwhile.
+/// Writes the request on `conn` and reads the response head, skipping interim (1xx) ones.
 async fn exchange(
     mut conn: Box<Conn>,
-    req: Request<Full<Bytes>>,
-) -> Result<(Response<Incoming>, Box<Conn>), Failure> {
-    let mut answer = std::pin::pin!(conn.tx.try_send_request(req));
-    let mut ended = false;
-    let result = poll_fn(|cx| {
-        if !ended {
-            ended = !conn.drive(cx);
+    out: &Outgoing,
+    reused: bool,
+) -> Result<(codec::Head, Box<Conn>), Failure> {
+    let written = if out.body.len() <= INLINE_BODY {
+        let mut whole = Vec::with_capacity(out.head.len() + out.body.len());
+        whole.extend_from_slice(&out.head);
+        whole.extend_from_slice(&out.body);
+        write_all(&mut conn.io, &whole).await
+    } else {
+        match write_all(&mut conn.io, &out.head).await {
+            Ok(()) => write_all(&mut conn.io, &out.body).await,
+            Err((e, _)) => Err((e, 0)),
         }
-        // Only the connection, polled just above in this task, can complete the answer: it needs
-        // no waker of its own, and giving it this task's would wake the task while it runs.
-        match answer.as_mut().poll(&mut quiet()) {
-            Poll::Ready(r) => Poll::Ready(Some(r)),
-            // hyper answers every queued request before its connection ends; this is a guard.
-            Poll::Pending if ended => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+    };
+    match written {
+        Ok(()) => {}
+        // A reused connection the upstream had already closed refuses the first byte.
+        Err((_, 0)) if reused => return Err(Failure::NotSent),
+        Err((e, _)) => return Err(Failure::Failed(Error::Io(e))),
+    }
+    loop {
+        if let Some(head) =
+            codec::parse_head(&mut conn.buf, &out.method).map_err(Failure::Failed)?
+        {
+            if head.status.is_informational() {
+                if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(Failure::Failed(Error::Head("an unasked protocol switch")));
+                }
+                continue;
+            }
+            return Ok((head, conn));
         }
-    })
-    .await;
-    match result {
-        Some(Ok(resp)) => Ok((resp, conn)),
-        Some(Err(mut e)) => match e.take_message() {
-            Some(req) => Err(Failure::NotSent(Box::new(req))),
-            None => Err(Failure::Failed(e.into_error())),
-        },
-        None => Err(Failure::Closed),
+        match poll_fn(|cx| conn.poll_fill(cx)).await {
+            Ok(0) if conn.buf.is_empty() => return Err(Failure::Closed),
+            Ok(0) => return Err(Failure::Failed(Error::Incomplete)),
+            Ok(_) => {}
+            Err(e) => return Err(Failure::Failed(Error::Io(e))),
+        }
     }
 }
 
-/// A response body whose polling also drives its connection; at its end the connection goes back
-/// to the pool, and dropped earlier it closes the connection (the upstream sees the cancel).
+/// Writes all of `bytes`; on failure, the error and how many bytes had gone out.
+async fn write_all(io: &mut TcpStream, mut bytes: &[u8]) -> Result<(), (io::Error, usize)> {
+    let mut sent = 0;
+    while !bytes.is_empty() {
+        match io.write(bytes).await {
+            Ok(0) => return Err((io::ErrorKind::WriteZero.into(), sent)),
+            Ok(n) => {
+                sent += n;
+                bytes = &bytes[n..];
+            }
+            Err(e) => return Err((e, sent)),
+        }
+    }
+    Ok(())
+}
+
+/// Where a response body's reading stands.
+#[derive(Debug)]
+enum Reading {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+/// A response body whose polling reads its connection; at its end the connection goes back to the
+/// pool, and dropped earlier it closes the connection (the upstream sees the cancel).
 pub struct PooledBody {
-    // Taken out only when the body is dropped, so hyper sees its reader gone before the drain.
-    inner: Option<Incoming>,
-    // Boxed: hyper's connection state is most of a kilobyte, and stays put while pooled.
+    reading: Reading,
+    // Boxed: it stays put while pooled, and the body moves through the pipeline's layers.
     conn: Option<Box<Conn>>,
     home: Option<(Arc<H1Pool>, Authority)>,
+    keep_alive: bool,
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
-        let Some(conn) = &mut this.conn else {
-            return match poll_inner(&mut this.inner, cx) {
-                Poll::Ready(frame) => this.finish(frame),
-                Poll::Pending => Poll::Pending,
+        loop {
+            match this.next_data() {
+                Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(this.fail(e)))),
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
             };
-        };
-        // The body's channel is filled only by the connection, which this task drives: the body
-        // is polled without a waker, so a frame the read below hands over does not wake the task
-        // that is running it. The connection registers this task for the socket.
-        if let Poll::Ready(frame) = poll_inner(&mut this.inner, &mut quiet()) {
-            return this.finish(frame);
-        }
-        if !conn.drive(cx) {
-            // Ended: the channel now holds the rest of the body, or its error, and needs no waker.
-            this.conn = None;
-        }
-        match poll_inner(&mut this.inner, &mut quiet()) {
-            Poll::Ready(frame) => this.finish(frame),
-            // Dropping the connection closed the channel, so this poll is ready.
-            Poll::Pending if this.conn.is_none() => match poll_inner(&mut this.inner, cx) {
-                Poll::Ready(frame) => this.finish(frame),
-                Poll::Pending => Poll::Pending,
-            },
-            Poll::Pending => Poll::Pending,
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) if matches!(this.reading, Reading::Close) => {
+                    this.reading = Reading::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return Poll::Ready(Some(Err(this.fail(Error::Incomplete)))),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(this.fail(Error::Io(e))))),
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
+        matches!(self.reading, Reading::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+        match self.reading {
+            Reading::Length(n) => SizeHint::with_exact(n),
+            Reading::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
     }
 }
 
-fn poll_inner(
-    inner: &mut Option<Incoming>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-    match inner {
-        Some(body) => Pin::new(body).poll_frame(cx),
-        None => Poll::Ready(None),
+impl PooledBody {
+    /// The body's next data from what is already read; at the body's end the connection is
+    /// released.
+    fn next_data(&mut self) -> Result<Option<Bytes>, Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        let buf = &mut conn.buf;
+        let data = match &mut self.reading {
+            Reading::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                let n = usize::try_from(*left).map_or(buf.len(), |l| l.min(buf.len()));
+                *left -= n as u64;
+                let data = buf.split_to(n).freeze();
+                if *left == 0 {
+                    self.reading = Reading::Done;
+                    self.release();
+                }
+                Some(data)
+            }
+            Reading::Chunked(dec) => {
+                let data = dec.decode(buf)?;
+                if dec.is_done() {
+                    self.reading = Reading::Done;
+                    self.release();
+                }
+                data
+            }
+            Reading::Close if buf.is_empty() => None,
+            Reading::Close => Some(buf.split().freeze()),
+            Reading::Done => None,
+        };
+        Ok(data)
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.conn = None;
+        self.reading = Reading::Done;
+        e
+    }
+
+    /// The body was read to its end: the connection returns to the pool if it can take another
+    /// request (not when the upstream asked to close it, or sent more than the response).
+    fn release(&mut self) {
+        let (Some(conn), Some((pool, authority))) = (self.conn.take(), self.home.take()) else {
+            return;
+        };
+        if self.keep_alive && conn.buf.is_empty() {
+            pool.checkin(&authority, conn);
+        }
     }
 }
 
 impl Drop for PooledBody {
     /// A body dropped before its end (a translator stops at the protocol's terminal event, before
-    /// the chunked body's last chunk): with its reader gone, hyper drains what is already here,
-    /// and a connection whose message is then complete goes back to the pool. One that is not
-    /// (the client left mid-stream) is closed, so the upstream sees the cancel.
+    /// the chunked body's last chunk): what has already arrived is read, and a connection whose
+    /// response is then complete goes back to the pool. One that is not (the client left
+    /// mid-stream) is closed, so the upstream sees the cancel.
     fn drop(&mut self) {
-        drop(self.inner.take());
-        self.release();
-    }
-}
-
-impl PooledBody {
-    fn finish(
-        &mut self,
-        frame: Option<Result<Frame<Bytes>, hyper::Error>>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &frame {
-            None => self.release(),
-            Some(Err(_)) => self.conn = None,
-            // A body of known length may never be polled for its end (hyper's server stops at
-            // the last byte of a `content-length` body), so its connection is released here.
-            Some(Ok(_)) if self.inner.as_ref().is_some_and(Incoming::is_end_stream) => {
-                self.release()
-            }
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
-    }
-
-    /// The body was read to its end: the connection returns to the pool if it can take another
-    /// request (not when the upstream asked to close it).
-    fn release(&mut self) {
-        let (Some(mut conn), Some((pool, authority))) = (self.conn.take(), self.home.take()) else {
+        if matches!(self.reading, Reading::Done | Reading::Close) || self.conn.is_none() {
             return;
-        };
-        if conn.usable() {
-            pool.checkin(&authority, conn);
+        }
+        for _ in 0..2 {
+            match self.next_data() {
+                Ok(_) if matches!(self.reading, Reading::Done) => return,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return;
+            };
+            match conn.poll_fill(&mut quiet()) {
+                Poll::Ready(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
         }
     }
 }
@@ -358,18 +509,7 @@ fn quiet() -> Context<'static> {
     Context::from_waker(Waker::noop())
 }
 
-fn origin_form(uri: &Uri) -> Uri {
-    match uri.path_and_query() {
-        Some(pq) if pq.as_str() != "/" => {
-            let mut parts = Parts::default();
-            parts.path_and_query = Some(pq.clone());
-            Uri::from_parts(parts).unwrap_or_default()
-        }
-        _ => Uri::default(),
-    }
-}
-
-/// `Host` as hyper-util's client writes it: the port only when it is not 80.
+/// `Host` as clients write it: the port only when it is not 80.
 fn host_value(authority: &Authority) -> Result<HeaderValue, SendError> {
     let value = match authority.port_u16() {
         Some(port) if port != 80 => format!("{}:{port}", authority.host()),

@@ -1,0 +1,523 @@
+//! The client side of HTTP/1.1 on the wire: request heads written straight to bytes, response heads parsed, and response bodies de-framed in place.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+
+/// The largest response head accepted, as hyper's default read limit allows.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Headers in one response head.
+const MAX_HEADERS: usize = 128;
+/// Bytes of chunk framing (a size line with its extensions, or the trailer section) allowed
+/// between two runs of data: enough for any real extension, not a way to stream without data.
+const MAX_FRAMING: usize = 16 * 1024;
+
+/// Why an upstream's response could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the upstream's response head is malformed: {0}")]
+    Head(&'static str),
+    #[error("the upstream's response head is larger than {} KiB", MAX_HEAD / 1024)]
+    HeadTooLarge,
+    #[error("the upstream's chunked body is malformed: {0}")]
+    Chunk(&'static str),
+    #[error("the upstream closed the connection before the end of its response")]
+    Incomplete,
+    #[error("upstream connection: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes a request head: the request line, `Host` unless the headers carry one, the headers
+/// (their own framing headers dropped), and the body's `content-length`. GET and HEAD without a
+/// body send none, as clients do.
+pub fn write_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    host: &HeaderValue,
+    headers: &HeaderMap,
+    body_len: usize,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if !headers.contains_key(header::HOST) {
+        line(out, b"host", host.as_bytes());
+    }
+    for (name, value) in headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    if body_len > 0 || !(method == Method::GET || method == Method::HEAD) {
+        let mut digits = itoa::Buffer::new();
+        line(out, b"content-length", digits.format(body_len).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response's body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Exactly this many bytes follow (zero for HEAD, 204, 304).
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// The connection may carry another request once this response is read.
+    pub keep_alive: bool,
+}
+
+/// Parses the response head at the start of `buf` and removes it from `buf`. `Ok(None)`: the head
+/// is not complete yet. Header values share the head's bytes rather than being copied.
+pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut slots);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(Error::HeadTooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Error::Head("too many headers")),
+        Err(_) => return Err(Error::Head("not an HTTP/1.x response")),
+    };
+    if len > MAX_HEAD {
+        return Err(Error::HeadTooLarge);
+    }
+    let status = resp
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(Error::Head("bad status code"))?;
+    let version = if resp.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Offsets, so the values can be cut from the head once it is frozen.
+    let base = buf.as_ptr() as usize;
+    let mut spans: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(resp.headers.len());
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| Error::Head("bad header name"))?;
+        let start = h.value.as_ptr() as usize - base;
+        spans.push((name, start, start + h.value.len()));
+    }
+    let raw = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for (name, start, end) in spans {
+        let value = HeaderValue::from_maybe_shared(raw.slice(start..end))
+            .map_err(|_| Error::Head("bad header value"))?;
+        headers.append(name, value);
+    }
+    let (framing, mut keep_alive) = framing(status, &headers, method)?;
+    keep_alive &= version == Version::HTTP_11 && !has_token(&headers, header::CONNECTION, "close");
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// The body's framing, and false when it leaves the connection unusable afterwards.
+fn framing(
+    status: StatusCode,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<(Framing, bool), Error> {
+    if method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Framing::Length(0), true));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let chunked = last_coding_is_chunked(headers);
+        // With a content-length beside it, a message is a smuggling attempt or a broken server:
+        // read as the transfer coding says (RFC 9112 §6.3), then close.
+        let clean = !headers.contains_key(header::CONTENT_LENGTH);
+        return Ok(if chunked {
+            (Framing::Chunked, clean)
+        } else {
+            (Framing::Close, false)
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        // A repeated or listed length is accepted only when every value agrees.
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let n = parse_length(part.trim_ascii()).ok_or(Error::Head("bad content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Error::Head("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), true),
+        None => (Framing::Close, false),
+    })
+}
+
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+    )
+}
+
+fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+        .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Reading the hex digits of a chunk size; `digits` so far.
+    Size {
+        value: u64,
+        digits: u8,
+    },
+    /// After the size: whitespace, or extensions up to the line's end.
+    Extension {
+        value: u64,
+        ext: bool,
+    },
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd {
+        cr: bool,
+    },
+    /// At the start of a trailer line, or the blank line ending the body.
+    TrailerStart {
+        cr: bool,
+    },
+    /// Inside a trailer field line.
+    Trailer,
+    Done,
+}
+
+/// Decodes `transfer-encoding: chunked` in place: the data of every chunk already read comes out
+/// as one run, framing removed, so a read holding many small chunks (many events) is one frame.
+#[derive(Debug)]
+pub struct Chunked {
+    state: State,
+    /// Framing bytes read since the last data, against [`MAX_FRAMING`].
+    framing: usize,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Self {
+            state: State::Size {
+                value: 0,
+                digits: 0,
+            },
+            framing: 0,
+        }
+    }
+}
+
+impl Chunked {
+    /// True once the last chunk and the trailers are read.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Consumes what `buf` holds of the body: returns the data of every chunk in it, in order, as
+    /// one run (`None` when it held only framing). Stops at the body's end, leaving any bytes
+    /// after it in `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, Error> {
+        // Data moves down over the framing before it: [0, w) is data, [w, r) spent framing.
+        let (mut r, mut w) = (0usize, 0usize);
+        let bytes = &mut buf[..];
+        while r < bytes.len() {
+            if let State::Data(left) = self.state {
+                let n = usize::try_from(left).map_or(bytes.len() - r, |l| l.min(bytes.len() - r));
+                if w != r {
+                    bytes.copy_within(r..r + n, w);
+                }
+                r += n;
+                w += n;
+                let left = left - n as u64;
+                self.state = if left == 0 {
+                    State::DataEnd { cr: false }
+                } else {
+                    State::Data(left)
+                };
+                self.framing = 0;
+                continue;
+            }
+            if self.state == State::Done {
+                break;
+            }
+            let b = bytes[r];
+            r += 1;
+            self.framing += 1;
+            if self.framing > MAX_FRAMING {
+                return Err(Error::Chunk("too many bytes of chunk framing"));
+            }
+            self.state = step(self.state, b)?;
+        }
+        if w == 0 {
+            buf.advance(r);
+            return Ok(None);
+        }
+        let mut data = buf.split_to(r);
+        data.truncate(w);
+        Ok(Some(data.freeze()))
+    }
+}
+
+/// One framing byte.
+fn step(state: State, b: u8) -> Result<State, Error> {
+    Ok(match state {
+        State::Size { value, digits } => match hex(b) {
+            Some(d) if digits < 16 => State::Size {
+                value: value << 4 | u64::from(d),
+                digits: digits + 1,
+            },
+            Some(_) => return Err(Error::Chunk("chunk size too large")),
+            None if digits == 0 => return Err(Error::Chunk("chunk size is not hexadecimal")),
+            None => return extension(value, false, b),
+        },
+        State::Extension { value, ext } => return extension(value, ext, b),
+        State::DataEnd { cr: false } if b == b'\r' => State::DataEnd { cr: true },
+        State::DataEnd { .. } if b == b'\n' => State::Size {
+            value: 0,
+            digits: 0,
+        },
+        State::DataEnd { .. } => return Err(Error::Chunk("chunk data not followed by CRLF")),
+        State::TrailerStart { cr: false } if b == b'\r' => State::TrailerStart { cr: true },
+        State::TrailerStart { .. } if b == b'\n' => State::Done,
+        State::TrailerStart { cr: true } => return Err(Error::Chunk("bare CR in the trailers")),
+        State::TrailerStart { cr: false } | State::Trailer if b == b'\n' => {
+            State::TrailerStart { cr: false }
+        }
+        State::TrailerStart { cr: false } | State::Trailer => State::Trailer,
+        State::Data(_) | State::Done => state,
+    })
+}
+
+/// A byte after a chunk size: whitespace and `;` extensions are skipped to the line's end.
+fn extension(value: u64, ext: bool, b: u8) -> Result<State, Error> {
+    Ok(match b {
+        b'\n' if value == 0 => State::TrailerStart { cr: false },
+        b'\n' => State::Data(value),
+        b'\r' => State::Extension { value, ext },
+        b';' => State::Extension { value, ext: true },
+        b' ' | b'\t' => State::Extension { value, ext },
+        _ if ext && b != 0 => State::Extension { value, ext },
+        _ => return Err(Error::Chunk("bad character after a chunk size")),
+    })
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn decode_all(input: &[u8], splits: &[usize]) -> Result<(Vec<u8>, bool, Vec<u8>), Error> {
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &end in splits.iter().chain(std::iter::once(&input.len())) {
+            buf.extend_from_slice(&input[at..end]);
+            at = end;
+            if let Some(d) = dec.decode(&mut buf)? {
+                out.extend_from_slice(&d);
+            }
+        }
+        Ok((out, dec.is_done(), buf.to_vec()))
+    }
+
+    const BODY: &[u8] =
+        b"5\r\nhello\r\n1;name=value\r\n \r\nA  \r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+
+    #[test]
+    fn every_split_in_three_decodes_as_the_whole() {
+        let whole = decode_all(BODY, &[]).unwrap();
+        assert_eq!(whole.0, b"hello 0123456789");
+        assert!(whole.1);
+        assert_eq!(whole.2, b"NEXT");
+        for i in 0..=BODY.len() {
+            for j in i..=BODY.len() {
+                let got = decode_all(BODY, &[i, j]).unwrap();
+                assert_eq!(got, whole, "split at {i} and {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_of_many_chunks_is_one_run_of_data() {
+        let mut dec = Chunked::default();
+        let mut buf = BytesMut::from(&b"3\r\nabc\r\n3\r\ndef\r\n2\r\ngh"[..]);
+        let data = dec.decode(&mut buf).unwrap().unwrap();
+        assert_eq!(&data[..], b"abcdefgh");
+        assert!(buf.is_empty());
+        assert!(!dec.is_done());
+    }
+
+    #[test]
+    fn bare_lf_line_ends_are_accepted() {
+        let (data, done, rest) = decode_all(b"3\nabc\n0\n\n", &[]).unwrap();
+        assert_eq!(
+            (data.as_slice(), done, rest.as_slice()),
+            (&b"abc"[..], true, &b""[..])
+        );
+    }
+
+    #[test]
+    fn malformed_framing_is_an_error() {
+        for bad in [
+            &b"g\r\n"[..],
+            b"\r\n",
+            b"3\r\nabcX\r\n",
+            b"3x\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\n\rX",
+        ] {
+            assert!(
+                decode_all(bad, &[]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let endless = [b"1;".as_slice(), &vec![b'x'; MAX_FRAMING + 10]].concat();
+        assert!(matches!(
+            decode_all(&endless, &[]),
+            Err(Error::Chunk("too many bytes of chunk framing"))
+        ));
+    }
+
+    fn head(raw: &str, method: Method) -> Result<Option<Head>, Error> {
+        parse_head(&mut BytesMut::from(raw.as_bytes()), &method)
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let h = |raw: &str| head(raw, Method::POST).unwrap().unwrap();
+        let r = h("HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Length(12), true));
+        let r = h("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Chunked, true));
+        let r = h("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Chunked, false));
+        let r = h("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Close, false));
+        let r = h("HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Close, false));
+        let r = h("HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n");
+        assert_eq!((r.framing, r.keep_alive), (Framing::Length(2), false));
+        let r = h("HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 2\r\n\r\n");
+        assert!(!r.keep_alive);
+        let r = h("HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n");
+        assert_eq!(r.framing, Framing::Length(0));
+        let r = h("HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\ncontent-length: 5\r\n\r\n");
+        assert_eq!(r.framing, Framing::Length(5));
+        let r = head("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", Method::HEAD)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.framing, Framing::Length(0));
+        for bad in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            "HTTP/2 200 OK\r\n\r\n",
+            "SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            assert!(head(bad, Method::POST).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_head_is_taken_from_the_buffer_and_keeps_its_values() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 429 Too Many\r\nRetry-After: 7\r\nX-Two: a\r\nx-two: b\r\n\r\nbody"[..],
+        );
+        assert!(parse_head(&mut BytesMut::from(&buf[..20]), &Method::POST)
+            .unwrap()
+            .is_none());
+        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(h.headers["retry-after"], "7");
+        let two: Vec<_> = h.headers.get_all("x-two").iter().collect();
+        assert_eq!(two, ["a", "b"]);
+        assert_eq!(&buf[..], b"body");
+        let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "y".repeat(MAX_HEAD));
+        assert!(matches!(
+            head(&huge, Method::POST),
+            Err(Error::HeadTooLarge)
+        ));
+    }
+
+    #[test]
+    fn a_request_head_carries_host_headers_and_length() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-request-id", HeaderValue::from_static("r1"));
+        headers.insert("content-length", HeaderValue::from_static("999"));
+        let mut out = Vec::new();
+        let host = HeaderValue::from_static("up:8080");
+        write_head(&mut out, &Method::POST, "/v1/x?y=1", &host, &headers, 12);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/x?y=1 HTTP/1.1\r\nhost: up:8080\r\nx-request-id: r1\r\ncontent-length: 12\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, &Method::GET, "/", &host, &HeaderMap::new(), 0);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET / HTTP/1.1\r\nhost: up:8080\r\n\r\n"
+        );
+    }
+}
