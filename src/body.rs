@@ -105,7 +105,14 @@ impl StreamScan {
     /// a marker). Text inside a JSON payload holds no raw line break, so a marker written inside
     /// an answer is never at a line start.
     fn feed(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
-        let starts = |line: &[u8]| markers.iter().any(|m| line.starts_with(m));
+        // The marker's last byte first: an ordinary line (`data: {...`) fails there without a
+        // full comparison.
+        let starts = |line: &[u8]| {
+            markers.iter().any(|m| {
+                m.last()
+                    .is_some_and(|b| line.get(m.len() - 1) == Some(b) && line.starts_with(m))
+            })
+        };
         let mut found = false;
         let mut first_break = None;
         let mut last_end = None;

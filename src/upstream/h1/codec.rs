@@ -286,8 +286,31 @@ impl Chunked {
                 self.framing = 0;
                 continue;
             }
-            if self.state == State::Done {
-                break;
+            // Whole size lines and data ends, the usual case, are taken at once.
+            let fast = match self.state {
+                State::Size { digits: 0, .. } => size_line(&bytes[r..]).map(|(size, used)| {
+                    let next = if size == 0 {
+                        State::TrailerStart { cr: false }
+                    } else {
+                        State::Data(size)
+                    };
+                    (next, used)
+                }),
+                State::DataEnd { cr: false } if bytes[r..].starts_with(b"\r\n") => Some((
+                    State::Size {
+                        value: 0,
+                        digits: 0,
+                    },
+                    2,
+                )),
+                State::Done => break,
+                _ => None,
+            };
+            if let Some((next, used)) = fast {
+                r += used;
+                self.framing += used;
+                self.state = next;
+                continue;
             }
             let b = bytes[r];
             r += 1;
@@ -305,6 +328,23 @@ impl Chunked {
         data.truncate(w);
         Ok(Some(data.freeze()))
     }
+}
+
+/// A chunk-size line with no extension, whole at the start of `bytes`: the size and the line's
+/// length. `None` leaves the line to the byte-by-byte path.
+fn size_line(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(17) {
+        match hex(b) {
+            Some(d) if i < 16 => value = value << 4 | u64::from(d),
+            Some(_) => return None,
+            None if i > 0 && b == b'\r' && bytes.get(i + 1) == Some(&b'\n') => {
+                return Some((value, i + 2))
+            }
+            None => return None,
+        }
+    }
+    None
 }
 
 /// One framing byte.
