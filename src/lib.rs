@@ -14,7 +14,8 @@
 //!       ├─ plan         validate once (`validate`); write the request for each target:
 //!       │               `passthrough` edits for the same protocol, `translate` via the IR else
 //!       ├─ attempt      which target each try goes to: strategies, health, budget, pauses
-//!       ├─ upstream     pooled hyper-util client over rustls; URL join, credential, header hygiene
+//!       ├─ upstream     our HTTP/1.1 client for http:// upstreams, hyper-util's over rustls for https://
+//!       │               (HTTP/2 by ALPN); URL join, credential, header hygiene
 //!       ├─ body         upstream bodies polled frame by frame: idle timeout, in-stream errors
 //!       └─ observe      usage read as it passes; the record, access log and metrics at the end
 //! video       the video address: create, look up, download; handed an authenticated call by
@@ -33,6 +34,7 @@ pub mod auth;
 pub mod bench;
 pub mod body;
 pub mod boxed;
+pub mod coalesce;
 pub mod config;
 pub mod count_tokens;
 pub mod domain;

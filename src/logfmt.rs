@@ -7,7 +7,8 @@
 //! computation. Strings that do need escaping (a quote, a backslash, a control character) go
 //! through `Debug`, so a client-chosen model name cannot forge a log line.
 
-use std::fmt;
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -31,49 +32,61 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        write_time(&mut writer, SystemTime::now())?;
-        let meta = event.metadata();
-        let level = match *meta.level() {
-            tracing::Level::ERROR => "ERROR",
-            tracing::Level::WARN => " WARN",
-            tracing::Level::INFO => " INFO",
-            tracing::Level::DEBUG => "DEBUG",
-            tracing::Level::TRACE => "TRACE",
-        };
-        writer.write_char(' ')?;
-        writer.write_str(level)?;
-        writer.write_char(' ')?;
-        writer.write_str(meta.target())?;
-        writer.write_char(':')?;
-        let mut fields = Fields {
-            out: &mut writer,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_char('\n')
+        // The line is built in a plain `String` and handed over in one write: every piece
+        // written through `Writer` is a dynamic call.
+        thread_local! {
+            static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        LINE.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut line) => {
+                line.clear();
+                format_line(&mut line, event)?;
+                writer.write_str(&line)
+            }
+            // A field's `Debug` that logs: this line gets a buffer of its own.
+            Err(_) => {
+                let mut line = String::new();
+                format_line(&mut line, event)?;
+                writer.write_str(&line)
+            }
+        })
     }
+}
+
+fn format_line(line: &mut String, event: &Event<'_>) -> fmt::Result {
+    write_time(line, SystemTime::now());
+    let meta = event.metadata();
+    line.push_str(match *meta.level() {
+        tracing::Level::ERROR => " ERROR ",
+        tracing::Level::WARN => "  WARN ",
+        tracing::Level::INFO => "  INFO ",
+        tracing::Level::DEBUG => " DEBUG ",
+        tracing::Level::TRACE => " TRACE ",
+    });
+    line.push_str(meta.target());
+    line.push(':');
+    let mut fields = Fields {
+        out: line,
+        result: Ok(()),
+    };
+    event.record(&mut fields);
+    fields.result?;
+    line.push('\n');
+    Ok(())
 }
 
 /// Writes each field as ` name=value`, the message bare.
-struct Fields<'w, 'a> {
-    out: &'w mut Writer<'a>,
+struct Fields<'w> {
+    out: &'w mut String,
     result: fmt::Result,
 }
 
-impl Fields<'_, '_> {
-    fn name(&mut self, field: &Field) -> fmt::Result {
-        self.out.write_char(' ')?;
+impl Fields<'_> {
+    fn name(&mut self, field: &Field) {
+        self.out.push(' ');
         if field.name() != "message" {
-            self.out.write_str(field.name())?;
-            self.out.write_char('=')?;
-        }
-        Ok(())
-    }
-
-    fn put(&mut self, f: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_ok() {
-            self.result = f(self.out);
+            self.out.push_str(field.name());
+            self.out.push('=');
         }
     }
 }
@@ -84,84 +97,71 @@ fn plain(s: &str) -> bool {
         .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
 }
 
-impl Visit for Fields<'_, '_> {
+impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        let is_message = field.name() == "message";
-        if self.result.is_ok() {
-            self.result = self.name(field);
-        }
-        self.put(|out| {
-            if is_message && plain(value) {
-                out.write_str(value)
-            } else if plain(value) {
-                out.write_char('"')?;
-                out.write_str(value)?;
-                out.write_char('"')
+        self.name(field);
+        if plain(value) {
+            if field.name() == "message" {
+                self.out.push_str(value);
             } else {
-                write!(out, "{value:?}")
+                self.out.push('"');
+                self.out.push_str(value);
+                self.out.push('"');
             }
-        });
+        } else if self.result.is_ok() {
+            self.result = write!(self.out, "{value:?}");
+        }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.result.is_ok() {
-            self.result = self.name(field);
-        }
-        self.put(|out| out.write_str(itoa::Buffer::new().format(value)));
+        self.name(field);
+        self.out.push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.result.is_ok() {
-            self.result = self.name(field);
-        }
-        self.put(|out| out.write_str(itoa::Buffer::new().format(value)));
+        self.name(field);
+        self.out.push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.result.is_ok() {
-            self.result = self.name(field);
-        }
-        self.put(|out| out.write_str(if value { "true" } else { "false" }));
+        self.name(field);
+        self.out.push_str(if value { "true" } else { "false" });
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if self.result.is_ok() {
-            self.result = self.name(field);
-        }
+        self.name(field);
         // Milliseconds to the microsecond: what a latency field needs, far cheaper than the
         // shortest round-trip form.
-        self.put(|out| {
-            if value.is_finite() && value.abs() < 1e15 {
-                let micros = (value * 1000.0).round() as i64;
-                let (sign, micros) = if micros < 0 {
-                    ("-", -micros)
-                } else {
-                    ("", micros)
-                };
-                let mut int = itoa::Buffer::new();
-                let mut frac = itoa::Buffer::new();
-                let f = frac.format(micros % 1000);
-                out.write_str(sign)?;
-                out.write_str(int.format(micros / 1000))?;
-                out.write_char('.')?;
-                out.write_str(&"000"[f.len()..])?;
-                out.write_str(f)
+        if value.is_finite() && value.abs() < 1e15 {
+            let micros = (value * 1000.0).round() as i64;
+            let (sign, micros) = if micros < 0 {
+                ("-", -micros)
             } else {
-                write!(out, "{value}")
-            }
-        });
+                ("", micros)
+            };
+            let mut int = itoa::Buffer::new();
+            let mut frac = itoa::Buffer::new();
+            let f = frac.format(micros % 1000);
+            self.out.push_str(sign);
+            self.out.push_str(int.format(micros / 1000));
+            self.out.push('.');
+            self.out.push_str(&"000"[f.len()..]);
+            self.out.push_str(f);
+        } else if self.result.is_ok() {
+            self.result = write!(self.out, "{value}");
+        }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.name(field);
         if self.result.is_ok() {
-            self.result = self.name(field);
+            self.result = write!(self.out, "{value:?}");
         }
-        self.put(|out| write!(out, "{value:?}"));
     }
 }
 
 /// `2026-11-23T15:48:26.123456Z`, as tracing's default writes it.
-fn write_time(out: &mut Writer<'_>, now: SystemTime) -> fmt::Result {
+fn write_time(out: &mut String, now: SystemTime) {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (y, m, d) = civil_from_days(i64::try_from(secs / 86_400).unwrap_or(0));
@@ -193,7 +193,7 @@ fn write_time(out: &mut Writer<'_>, now: SystemTime) -> fmt::Result {
     }
     buf[26] = b'Z';
     // Only ASCII digits and separators were written.
-    out.write_str(std::str::from_utf8(&buf).unwrap_or("0000-00-00T00:00:00.000000Z"))
+    out.push_str(std::str::from_utf8(&buf).unwrap_or("0000-00-00T00:00:00.000000Z"));
 }
 
 /// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar

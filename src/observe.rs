@@ -165,7 +165,7 @@ fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
     for end in bounds.into_iter().chain(std::iter::once(events.len())) {
         let event = &events[start..end];
         start = end;
-        if USAGE_KEY.find(event).is_none() {
+        if !usage_object_in(event) {
             continue;
         }
         let mut data = String::new();
@@ -181,6 +181,19 @@ fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
             read_event(protocol, &v, usage);
         }
     }
+}
+
+/// False when no `"usage"` key in `event` can hold an object: none at all, or each followed by
+/// `null` (every chunk of a chat stream that asked for usage but the last, Responses' early
+/// events), so such events are not parsed. Anything less plain is parsed.
+fn usage_object_in(event: &[u8]) -> bool {
+    USAGE_KEY.find_iter(event).any(|at| {
+        let rest = event[at + USAGE_KEY.needle().len()..].trim_ascii_start();
+        match rest.strip_prefix(b":") {
+            Some(value) => !value.trim_ascii_start().starts_with(b"null"),
+            None => true,
+        }
+    })
 }
 
 /// The value of the last `"usage":` key in `tail` that is not inside a string.
@@ -680,6 +693,26 @@ mod tests {
         let responses = r#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(read(Protocol::Responses, false, responses).total(), 7);
         assert_eq!(read(Protocol::Chat, false, "not json").total(), 0);
+    }
+
+    #[test]
+    fn null_usage_chunks_are_skipped_and_the_object_still_read() {
+        let chunk = |content: &str, usage: &str| {
+            format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{content}\"}}}}],\"usage\" : {usage}}}\n\n")
+        };
+        let mut body = String::new();
+        for i in 0..5 {
+            body.push_str(&chunk(&format!("w{i}"), "null"));
+        }
+        body.push_str(&chunk("", "{\"prompt_tokens\":7,\"completion_tokens\":3}"));
+        body.push_str(&chunk("late", "null"));
+        body.push_str("data: [DONE]\n\n");
+        assert_eq!(read(Protocol::Chat, true, &body).total(), 10);
+        assert!(!usage_object_in(chunk("x", "null").as_bytes()));
+        assert!(!usage_object_in(b"data: {\"choices\":[]}"));
+        assert!(usage_object_in(chunk("x", "{}").as_bytes()));
+        // A key followed by something unexpected is parsed rather than guessed about.
+        assert!(usage_object_in(b"data: {\"usage\"}"));
     }
 
     #[test]

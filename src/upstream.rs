@@ -1,4 +1,4 @@
-//! The upstream HTTP client: one pooled hyper-util client over rustls, outbound request building (URL, credential, header hygiene) and the first-byte timeout.
+//! The upstream HTTP clients (our own HTTP/1.1 pool for `http://`, hyper-util's over rustls for `https://`), outbound request building (URL, credential, header hygiene) and the first-byte timeout.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,10 +15,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::coalesce::Coalesce;
 use crate::config::{Limits, Protocol, Upstream, UpstreamKind};
 use crate::error::{ErrorKind, GatewayError, RetryClass};
 
-mod h1;
+pub mod h1;
 
 /// How long an idle upstream connection is kept for reuse.
 const POOL_IDLE: Duration = Duration::from_secs(90);
@@ -37,7 +38,7 @@ pub struct UpstreamClient {
 /// An upstream response body, from whichever client carried the request.
 pub enum UpstreamIncoming {
     Plain(h1::PooledBody),
-    Shared(Incoming),
+    Shared(Coalesce<Incoming>),
 }
 
 /// Why an upstream response body could not be read to its end.
@@ -153,7 +154,7 @@ impl UpstreamClient {
                 }
             } else {
                 match self.client.request(req).await {
-                    Ok(resp) => Ok(resp.map(UpstreamIncoming::Shared)),
+                    Ok(resp) => Ok(resp.map(|b| UpstreamIncoming::Shared(Coalesce::new(b)))),
                     Err(e) => Err(classify(upstream, e)),
                 }
             }

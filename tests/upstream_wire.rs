@@ -293,43 +293,6 @@ async fn a_malformed_answer_is_502_in_the_paths_shape_and_its_connection_dropped
     );
 }
 
-/// Sends a streaming chat request over a raw socket and returns the response's chunk payloads,
-/// one per HTTP/1.1 chunk the gateway wrote.
-async fn raw_stream_chunks(addr: &str) -> Vec<String> {
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-            .to_string();
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    sock.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, mut rest) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{head}"
-    );
-    let mut chunks = Vec::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n").unwrap();
-        let size = usize::from_str_radix(size, 16).unwrap();
-        if size == 0 {
-            return chunks;
-        }
-        chunks.push(after[..size].to_owned());
-        rest = &after[size + 2..];
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_that_arrive_together_leave_together() {
     let up = raw_upstream(|_| {
@@ -344,8 +307,7 @@ async fn events_that_arrive_together_leave_together() {
     })
     .await;
     let gw = TestGateway::start(&chat_config(&up.url)).await;
-    let addr = gw.base("").trim_start_matches("http://").to_owned();
-    let chunks = raw_stream_chunks(&addr).await;
+    let chunks = raw_stream_chunks(&gw.base("")).await;
     let all = chunks.concat();
     for i in 0..20 {
         assert!(

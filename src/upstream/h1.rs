@@ -26,7 +26,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-mod codec;
+pub mod codec;
 
 pub use codec::Error;
 use codec::{Chunked, Framing};

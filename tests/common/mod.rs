@@ -470,3 +470,42 @@ pub fn assert_openai_error(
         assert_eq!(err["param"], p, "body: {body}");
     }
 }
+
+/// Sends a streaming chat request for model "m" over a raw socket to the gateway at `base` and
+/// returns the response's chunk payloads, one per HTTP/1.1 chunk the gateway wrote.
+pub async fn raw_stream_chunks(base: &str) -> Vec<String> {
+    let addr = base.trim_start_matches("http://");
+    let body =
+        serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, mut rest) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{head}"
+    );
+    let mut chunks = Vec::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        if size == 0 {
+            return chunks;
+        }
+        chunks.push(after[..size].to_owned());
+        rest = &after[size + 2..];
+    }
+}
