@@ -105,14 +105,9 @@ impl StreamScan {
     /// a marker). Text inside a JSON payload holds no raw line break, so a marker written inside
     /// an answer is never at a line start.
     fn feed(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
-        // The marker's last byte first: an ordinary line (`data: {...`) fails there without a
-        // full comparison.
-        let starts = |line: &[u8]| {
-            markers.iter().any(|m| {
-                m.last()
-                    .is_some_and(|b| line.get(m.len() - 1) == Some(b) && line.starts_with(m))
-            })
-        };
+        if self.ends.lf_only(data) {
+            return self.feed_lf(data, markers);
+        }
         let mut found = false;
         let mut first_break = None;
         let mut last_end = None;
@@ -122,16 +117,45 @@ impl StreamScan {
             |end| last_end = Some(end),
             |start| {
                 first_break = first_break.or(Some(start - 1));
-                found = found || starts(&data[start..]);
+                found = found || starts_with_any(&data[start..], markers);
                 last_line = Some(start);
             },
         );
+        found |= self.carry_head(data, markers, first_break, last_line);
+        (last_end, found)
+    }
+
+    /// [`feed`](Self::feed) for a frame whose lines all end with LF: the markers are searched
+    /// for as `\n` + marker over the whole frame, and the last event end from the frame's end,
+    /// instead of visiting every line.
+    fn feed_lf(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
+        let last_end = self.ends.feed_lf_whole(data);
+        let mut found = markers
+            .iter()
+            .any(|m| line_start_finder(m).find(data).is_some());
+        let first_break = memchr::memchr(b'\n', data);
+        let last_line = memchr::memrchr(b'\n', data).map(|i| i + 1);
+        found |= self.carry_head(data, markers, first_break, last_line);
+        (last_end, found)
+    }
+
+    /// Checks the line that was in progress when the frame began (its start may be in an
+    /// earlier frame) and keeps the start of the frame's last line for the next frame. True
+    /// when the line in progress turned out to be a marker.
+    fn carry_head(
+        &mut self,
+        data: &[u8],
+        markers: &[&[u8]],
+        first_break: Option<usize>,
+        last_line: Option<usize>,
+    ) -> bool {
+        let mut found = false;
         if self.head_open && !markers.is_empty() {
             // The line in progress at the frame's start began less than HEAD bytes ago.
             let line = &data[..first_break.unwrap_or(data.len())];
             if self.head_len == 0 {
                 // It begins here (the usual frame: whole events), so nothing needs copying.
-                found = found || starts(line);
+                found = starts_with_any(line, markers);
                 if last_line.is_none() {
                     self.head_len = line.len().min(Self::HEAD);
                     self.head[..self.head_len].copy_from_slice(&line[..self.head_len]);
@@ -140,7 +164,7 @@ impl StreamScan {
                 let take = line.len().min(Self::HEAD - self.head_len);
                 self.head[self.head_len..self.head_len + take].copy_from_slice(&line[..take]);
                 self.head_len += take;
-                found = found || starts(&self.head[..self.head_len]);
+                found = starts_with_any(&self.head[..self.head_len], markers);
             }
         }
         // Whether the last line of this frame may still become a marker with the next frame.
@@ -153,13 +177,50 @@ impl StreamScan {
             Some(_) => self.head_open = false,
             None => self.head_open = self.head_open && self.head_len < Self::HEAD,
         }
-        (last_end, found)
+        found
     }
 
     /// True when what passed ends at an event's end, whichever of the three line ends close it.
     fn ends_event(&self) -> bool {
         self.ends.at_event_end()
     }
+}
+
+/// True when `line` starts with one of `markers`. The marker's last byte is compared first: an
+/// ordinary line (`data: {...`) fails there without a full comparison.
+fn starts_with_any(line: &[u8], markers: &[&[u8]]) -> bool {
+    markers.iter().any(|m| {
+        m.last()
+            .is_some_and(|b| line.get(m.len() - 1) == Some(b) && line.starts_with(m))
+    })
+}
+
+type Finder = memchr::memmem::Finder<'static>;
+
+/// A searcher for `marker` at a line start after LF (`\n` + marker). Every terminal marker's
+/// searcher is built once; another marker (only tests pass one) gets a new one.
+fn line_start_finder(marker: &[u8]) -> std::borrow::Cow<'static, Finder> {
+    static BUILT: std::sync::LazyLock<Vec<(&'static [u8], Finder)>> =
+        std::sync::LazyLock::new(|| {
+            [
+                StreamGuard::Chat,
+                StreamGuard::Messages,
+                StreamGuard::Responses,
+            ]
+            .iter()
+            .flat_map(|g| g.terminals().iter().copied())
+            .map(|m| (m, after_lf(m)))
+            .collect()
+        });
+    match BUILT.iter().find(|(m, _)| *m == marker) {
+        Some((_, finder)) => std::borrow::Cow::Borrowed(finder),
+        None => std::borrow::Cow::Owned(after_lf(marker)),
+    }
+}
+
+fn after_lf(marker: &[u8]) -> Finder {
+    let needle = [b"\n".as_slice(), marker].concat();
+    memchr::memmem::Finder::new(&needle).into_owned()
 }
 
 /// A streamed body was silent for `[limits] idle_timeout_ms`.

@@ -192,6 +192,34 @@ impl EventEnds {
         }
     }
 
+    /// True when every line end in `data` is a lone LF: it has no `\r` and the piece before it
+    /// did not end with one.
+    pub fn lf_only(&self, data: &[u8]) -> bool {
+        !self.after_cr && memchr::memchr(b'\r', data).is_none()
+    }
+
+    /// [`feed`](Self::feed) for a piece that is [`lf_only`](Self::lf_only), when only the last
+    /// event end matters: found from the piece's end, so its lines are not visited one by one.
+    pub fn feed_lf_whole(&mut self, data: &[u8]) -> Option<usize> {
+        // An event ends at a line end that closes an empty line: the second LF of a pair, or a
+        // first LF when the piece before it ended a line.
+        let last = memchr::memmem::rfind(data, b"\n\n")
+            .map(|i| i + 2)
+            .or_else(|| (data.first() == Some(&b'\n') && !self.in_line).then_some(1));
+        match data.last() {
+            Some(b'\n') => {
+                self.in_line = false;
+                self.at_event_end = last == Some(data.len());
+            }
+            Some(_) => {
+                self.in_line = true;
+                self.at_event_end = false;
+            }
+            None => {}
+        }
+        last
+    }
+
     /// [`feed_lines`](Self::feed_lines) for a piece with no `\r`, after one that did not end
     /// with `\r`: every `\n` is a line end of its own.
     fn feed_lf_lines(

@@ -191,3 +191,38 @@ fn a_crlf_line_end_is_not_two_line_ends() {
     assert!(ends_of(&[b"data: a\r", b"\ndata: b\r", b"\n"]).is_empty());
     assert_eq!(ends_of(&[b"data: a\r", b"\n", b"\r", b"\n"]), [10]);
 }
+
+/// The whole-piece LF path agrees with the line-by-line one on the last event end and on the
+/// state it leaves, for every split of these streams in two or three.
+#[test]
+fn the_lf_path_matches_the_line_by_line_one() {
+    let streams: [&[u8]; 6] = [
+        b"data: a\n\ndata: b\n\n",
+        b"event: x\ndata: {}\n\n\n\ndata: [DONE]\n\n",
+        b"\n\ndata: x\n",
+        b"data: partial",
+        b"data: a\n\n\ndata: b\ndata: c\n\n\n",
+        b"\n",
+    ];
+    for s in streams {
+        for i in 0..=s.len() {
+            for j in i..=s.len() {
+                let (mut slow, mut fast) = (EventEnds::default(), EventEnds::default());
+                for piece in [&s[..i], &s[i..j], &s[j..]] {
+                    assert!(fast.lf_only(piece));
+                    let mut want = None;
+                    slow.feed(piece, |end| want = Some(end));
+                    let got = fast.feed_lf_whole(piece);
+                    let at = (String::from_utf8_lossy(s), i, j);
+                    assert_eq!(got, want, "{at:?}");
+                    assert_eq!(fast.at_event_end(), slow.at_event_end(), "{at:?}");
+                    assert_eq!(fast.in_line, slow.in_line, "{at:?}");
+                }
+            }
+        }
+    }
+    assert!(!EventEnds::default().lf_only(b"data: x\r\n"));
+    let mut after_cr = EventEnds::default();
+    after_cr.feed(b"data: x\r", |_| {});
+    assert!(!after_cr.lf_only(b"\ndata: y\n"));
+}
