@@ -126,13 +126,11 @@ impl StreamScan {
     }
 
     /// [`feed`](Self::feed) for a frame whose lines all end with LF: the markers are searched
-    /// for as `\n` + marker over the whole frame, and the last event end from the frame's end,
+    /// for over the whole frame ([`MarkerSearch`]), and the last event end from the frame's end,
     /// instead of visiting every line.
     fn feed_lf(&mut self, data: &[u8], markers: &[&[u8]]) -> (Option<usize>, bool) {
         let last_end = self.ends.feed_lf_whole(data);
-        let mut found = markers
-            .iter()
-            .any(|m| line_start_finder(m).find(data).is_some());
+        let mut found = !markers.is_empty() && marker_search(markers).found_in(data);
         let first_break = memchr::memchr(b'\n', data);
         let last_line = memchr::memrchr(b'\n', data).map(|i| i + 1);
         found |= self.carry_head(data, markers, first_break, last_line);
@@ -197,30 +195,61 @@ fn starts_with_any(line: &[u8], markers: &[&[u8]]) -> bool {
 
 type Finder = memchr::memmem::Finder<'static>;
 
-/// A searcher for `marker` at a line start after LF (`\n` + marker). Every terminal marker's
-/// searcher is built once; another marker (only tests pass one) gets a new one.
-fn line_start_finder(marker: &[u8]) -> std::borrow::Cow<'static, Finder> {
-    static BUILT: std::sync::LazyLock<Vec<(&'static [u8], Finder)>> =
-        std::sync::LazyLock::new(|| {
-            [
-                StreamGuard::Chat,
-                StreamGuard::Messages,
-                StreamGuard::Responses,
-            ]
+/// How a frame is searched for a guard's terminal markers at line starts after LF: one search
+/// for a piece every marker holds (`[DONE]`, or `\nevent: `), each hit then checked against the
+/// markers, so a frame is passed over once whatever the number of markers.
+#[derive(Clone)]
+struct MarkerSearch {
+    key: Finder,
+    /// Each marker with the LF before it, and where `key` sits in that.
+    markers: Vec<(Vec<u8>, usize)>,
+}
+
+impl MarkerSearch {
+    fn new(key: &[u8], markers: &[&[u8]]) -> Self {
+        let markers = markers
             .iter()
-            .flat_map(|g| g.terminals().iter().copied())
-            .map(|m| (m, after_lf(m)))
-            .collect()
-        });
-    match BUILT.iter().find(|(m, _)| *m == marker) {
-        Some((_, finder)) => std::borrow::Cow::Borrowed(finder),
-        None => std::borrow::Cow::Owned(after_lf(marker)),
+            .map(|m| {
+                let needle = [b"\n".as_slice(), m].concat();
+                // A key a marker lacks (only a test's own markers) is found at its line's start.
+                let at = memchr::memmem::find(&needle, key).unwrap_or(0);
+                (needle, at)
+            })
+            .collect();
+        Self {
+            key: memchr::memmem::Finder::new(key).into_owned(),
+            markers,
+        }
+    }
+
+    fn found_in(&self, data: &[u8]) -> bool {
+        self.key.find_iter(data).any(|hit| {
+            self.markers
+                .iter()
+                .any(|(needle, at)| hit >= *at && data[hit - at..].starts_with(needle))
+        })
     }
 }
 
-fn after_lf(marker: &[u8]) -> Finder {
-    let needle = [b"\n".as_slice(), marker].concat();
-    memchr::memmem::Finder::new(&needle).into_owned()
+/// The search for `markers`: built once for each guard's terminals; another list (only tests
+/// pass one) gets a search keyed on the line break itself.
+fn marker_search(markers: &[&[u8]]) -> std::borrow::Cow<'static, MarkerSearch> {
+    static BUILT: std::sync::LazyLock<Vec<MarkerSearch>> = std::sync::LazyLock::new(|| {
+        vec![
+            MarkerSearch::new(b"[DONE]", StreamGuard::Chat.terminals()),
+            MarkerSearch::new(b"\nevent: ", StreamGuard::Messages.terminals()),
+            MarkerSearch::new(b"\nevent: ", StreamGuard::Responses.terminals()),
+        ]
+    });
+    let guards = [
+        StreamGuard::Chat,
+        StreamGuard::Messages,
+        StreamGuard::Responses,
+    ];
+    match guards.iter().position(|g| g.terminals() == markers) {
+        Some(i) => std::borrow::Cow::Borrowed(&BUILT[i]),
+        None => std::borrow::Cow::Owned(MarkerSearch::new(b"\n", markers)),
+    }
 }
 
 /// A streamed body was silent for `[limits] idle_timeout_ms`.

@@ -165,21 +165,26 @@ fn scan_events(protocol: Protocol, events: &[u8], usage: &mut ir::Usage) {
     for end in bounds.into_iter().chain(std::iter::once(events.len())) {
         let event = &events[start..end];
         start = end;
-        if !usage_object_in(event) {
-            continue;
-        }
-        let mut data = String::new();
-        for line in String::from_utf8_lossy(event).split(['\n', '\r']) {
-            if let Some(d) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        read_event_bytes(protocol, event, usage);
+    }
+}
+
+/// Reads the usage of one event (its lines by SSE rules) when it may hold a usage object.
+fn read_event_bytes(protocol: Protocol, event: &[u8], usage: &mut ir::Usage) {
+    if !usage_object_in(event) {
+        return;
+    }
+    let mut data = String::new();
+    for line in String::from_utf8_lossy(event).split(['\n', '\r']) {
+        if let Some(d) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
             }
+            data.push_str(d.strip_prefix(' ').unwrap_or(d));
         }
-        if let Ok(v) = serde_json::from_str::<Value>(&data) {
-            read_event(protocol, &v, usage);
-        }
+    }
+    if let Ok(v) = serde_json::from_str::<Value>(&data) {
+        read_event(protocol, &v, usage);
     }
 }
 
@@ -693,6 +698,23 @@ mod tests {
         let responses = r#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(read(Protocol::Responses, false, responses).total(), 7);
         assert_eq!(read(Protocol::Chat, false, "not json").total(), 0);
+    }
+
+    #[test]
+    fn a_frame_of_whole_events_is_read_as_byte_by_byte_under_every_line_end() {
+        let messages_sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\ndata: \"usage\":{\"output_tokens\":30}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        for end in ["\n", "\r\n", "\r"] {
+            let body = messages_sse.replace('\n', end);
+            let mut whole = UsageReader::new(Protocol::Messages, true);
+            whole.feed(&Bytes::from(body.clone()));
+            let want = Tokens {
+                input: 9,
+                output: 30,
+                cached: 0,
+            };
+            assert_eq!(whole.finish(), want, "{end:?}");
+            assert_eq!(read(Protocol::Messages, true, &body), want, "{end:?}");
+        }
     }
 
     #[test]
