@@ -207,13 +207,24 @@ struct MarkerSearch {
 
 impl MarkerSearch {
     fn new(key: &[u8], markers: &[&[u8]]) -> Self {
-        let markers = markers
+        let needles: Vec<Vec<u8>> = markers
             .iter()
-            .map(|m| {
-                let needle = [b"\n".as_slice(), m].concat();
-                // A key a marker lacks (only a test's own markers) is found at its line's start.
-                let at = memchr::memmem::find(&needle, key).unwrap_or(0);
-                (needle, at)
+            .map(|m| [b"\n".as_slice(), m].concat())
+            .collect();
+        // A key some marker lacks would miss it: the line break every needle starts with is
+        // searched for instead.
+        let key = match needles
+            .iter()
+            .all(|n| memchr::memmem::find(n, key).is_some())
+        {
+            true => key,
+            false => b"\n",
+        };
+        let markers = needles
+            .into_iter()
+            .map(|n| {
+                let at = memchr::memmem::find(&n, key).unwrap_or(0);
+                (n, at)
             })
             .collect();
         Self {
@@ -788,6 +799,35 @@ mod tests {
     fn found(frames: &[&[u8]], markers: &[&[u8]]) -> bool {
         let mut scan = StreamScan::default();
         frames.iter().any(|f| scan.feed(f, markers).1)
+    }
+
+    #[test]
+    fn a_marker_search_finds_every_marker_at_a_line_start_only() {
+        let search = MarkerSearch::new(b"[DONE]", &[b"data: [DONE]", b"event: error"]);
+        assert!(
+            search.found_in(b"data: {}\n\nevent: error\n"),
+            "a marker without the key"
+        );
+        assert!(search.found_in(b"data: {}\n\ndata: [DONE]\n\n"));
+        assert!(!search.found_in(b"data: {\"t\":\"data: [DONE]\"}\n\n"));
+        for guard in [
+            StreamGuard::Chat,
+            StreamGuard::Messages,
+            StreamGuard::Responses,
+        ] {
+            for m in guard.terminals() {
+                let frame = [b"data: {}\n\n".as_slice(), m, b"\n\n"].concat();
+                assert!(
+                    marker_search(guard.terminals()).found_in(&frame),
+                    "{guard:?}"
+                );
+                let inside = [b"data: x".as_slice(), m, b"\n\n"].concat();
+                assert!(
+                    !marker_search(guard.terminals()).found_in(&inside),
+                    "{guard:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,9 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
+/// The longest line buffer a thread keeps between lines.
+const MAX_KEPT_LINE: usize = 16 * 1024;
+
 /// The plain-text formatter for `serve` without a terminal.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Plain;
@@ -41,7 +44,12 @@ where
             Ok(mut line) => {
                 line.clear();
                 format_line(&mut line, event)?;
-                writer.write_str(&line)
+                let written = writer.write_str(&line);
+                // One long line (an upstream's error quoted whole) is not kept per thread.
+                if line.capacity() > MAX_KEPT_LINE {
+                    *line = String::new();
+                }
+                written
             }
             // A field's `Debug` that logs: this line gets a buffer of its own.
             Err(_) => {
