@@ -163,10 +163,6 @@ impl EventEnds {
         mut each: impl FnMut(usize),
         mut line: impl FnMut(usize),
     ) {
-        // Most streams end lines with LF alone: one byte to search for is a cheaper search.
-        if !self.after_cr && memchr::memchr(b'\r', data).is_none() {
-            return self.feed_lf_lines(data, each, line);
-        }
         let mut line_start = 0;
         for i in memchr::memchr2_iter(b'\n', b'\r', data) {
             let content = i > line_start;
@@ -220,33 +216,6 @@ impl EventEnds {
         last
     }
 
-    /// [`feed_lines`](Self::feed_lines) for a piece with no `\r`, after one that did not end
-    /// with `\r`: every `\n` is a line end of its own.
-    fn feed_lf_lines(
-        &mut self,
-        data: &[u8],
-        mut each: impl FnMut(usize),
-        mut line: impl FnMut(usize),
-    ) {
-        let mut line_start = 0;
-        for i in memchr::memchr_iter(b'\n', data) {
-            if i > line_start {
-                self.in_line = true;
-            }
-            line_start = i + 1;
-            line(i + 1);
-            self.at_event_end = !self.in_line;
-            if self.at_event_end {
-                each(i + 1);
-            }
-            self.in_line = false;
-        }
-        if line_start < data.len() {
-            self.in_line = true;
-            self.at_event_end = false;
-        }
-    }
-
     /// True when what was fed so far ends at an event's end (or is nothing): an event written
     /// next needs no blank line before it.
     pub fn at_event_end(&self) -> bool {
@@ -255,6 +224,9 @@ impl EventEnds {
 
     /// Feeds the next piece; where the last event that ends in it ends.
     pub fn last_end(&mut self, data: &[u8]) -> Option<usize> {
+        if self.lf_only(data) {
+            return self.feed_lf_whole(data);
+        }
         let mut last = None;
         self.feed(data, |end| last = Some(end));
         last

@@ -122,11 +122,12 @@ pub struct H1Pool {
     max_idle: usize,
 }
 
-/// A request as it goes on the wire: its head already written out, and its body.
+/// A request as it goes on the wire: its head with a body up to [`INLINE_BODY`] after it, and a
+/// longer body apart (written next rather than copied).
 struct Outgoing {
     method: Method,
-    head: Vec<u8>,
-    body: Bytes,
+    wire: Vec<u8>,
+    rest: Bytes,
 }
 
 impl H1Pool {
@@ -154,19 +155,29 @@ impl H1Pool {
         let (idle, host) = self.checkout(&authority)?;
         let body = full_bytes(body);
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
+        let inline = body.len() <= INLINE_BODY;
+        let mut wire = Vec::with_capacity(
+            256 + parts.headers.len() * 48 + if inline { body.len() } else { 0 },
+        );
         codec::write_head(
-            &mut head,
+            &mut wire,
             &parts.method,
             target,
             &host,
             &parts.headers,
             body.len(),
         );
+        let rest = match inline {
+            true => {
+                wire.extend_from_slice(&body);
+                Bytes::new()
+            }
+            false => body,
+        };
         let out = Outgoing {
             method: parts.method,
-            head,
-            body,
+            wire,
+            rest,
         };
         if let Some(conn) = idle {
             match exchange(conn, &out, true).await {
@@ -306,16 +317,11 @@ async fn exchange(
     out: &Outgoing,
     reused: bool,
 ) -> Result<(codec::Head, Box<Conn>), Failure> {
-    let written = if out.body.len() <= INLINE_BODY {
-        let mut whole = Vec::with_capacity(out.head.len() + out.body.len());
-        whole.extend_from_slice(&out.head);
-        whole.extend_from_slice(&out.body);
-        write_all(&mut conn.io, &whole).await
-    } else {
-        match write_all(&mut conn.io, &out.head).await {
-            Ok(()) => write_all(&mut conn.io, &out.body).await,
-            Err((e, _)) => Err((e, 0)),
-        }
+    let written = match write_all(&mut conn.io, &out.wire).await {
+        Ok(()) => write_all(&mut conn.io, &out.rest)
+            .await
+            .map_err(|(e, n)| (e, out.wire.len() + n)),
+        Err(e) => Err(e),
     };
     match written {
         Ok(()) => {}
