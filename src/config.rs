@@ -395,6 +395,24 @@ pub const DEFAULT_RESPONSES_TTL_S: u64 = 86_400;
 /// The in-process response store's cap unless `[store] responses_max_mb` says otherwise.
 pub const DEFAULT_RESPONSES_MAX_MB: u64 = 256;
 
+/// `[server]`: how the gateway's connections are spread over threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// Event loops, each a thread with its own single-threaded runtime that accepts and serves
+    /// whole connections (with their upstream connections), so no request's work hops between
+    /// threads. 0 serves everything on the runtime that started the gateway.
+    pub workers: usize,
+}
+
+impl Default for ServerSettings {
+    /// One event loop per core, as nginx's `worker_processes auto`.
+    fn default() -> Self {
+        Self {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_request_bytes: u64,
@@ -450,6 +468,7 @@ pub struct VideoSettings {
 /// The validated configuration.
 pub struct Config {
     pub listen: Listen,
+    pub server: ServerSettings,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// SHA-256 over the TLS files' paths and contents: a reload compares it to see a change.
     pub tls_fingerprint: Option<[u8; 32]>,
@@ -515,6 +534,9 @@ impl Config {
         let mut out = Vec::new();
         if self.listen != next.listen {
             out.push("listen");
+        }
+        if self.server != next.server {
+            out.push("server");
         }
         if self.tls_fingerprint != next.tls_fingerprint {
             out.push("tls");

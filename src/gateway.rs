@@ -36,7 +36,7 @@ impl Services {
         let metrics = Arc::new(Metrics::new());
         let limiter = Arc::new(Limiter::new(&config.store, &metrics));
         Ok(Self {
-            client: UpstreamClient::new(&config.limits),
+            client: UpstreamClient::new(&config.limits, config.server.workers),
             responses: Arc::new(ResponseStore::new(&config.store, limiter.redis())),
             limiter,
             metrics,

@@ -95,7 +95,14 @@ fn main() -> ExitCode {
         Command::Check { config } => check(config_path(config)),
         Command::Serve { config, log_format } => {
             let flag = log_format.as_deref().and_then(LogFormat::parse);
-            run(serve(config_path(config), flag))
+            let path = config_path(config);
+            let loaded = Config::load(&path);
+            // With event loops of its own the gateway's traffic never reaches this runtime:
+            // it keeps only signals, reloads and the shutdown, on the main thread.
+            match loaded.as_ref().map(|c| c.server.workers) {
+                Ok(0) | Err(_) => run(serve(path, loaded, flag)),
+                Ok(_) => run_here(serve(path, loaded, flag)),
+            }
         }
         Command::Mock {
             listen,
@@ -109,10 +116,19 @@ fn main() -> ExitCode {
 }
 
 fn run(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    start_runtime(tokio::runtime::Builder::new_multi_thread(), fut)
+}
+
+/// Runs `fut` on a runtime on the calling thread alone.
+fn run_here(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    start_runtime(tokio::runtime::Builder::new_current_thread(), fut)
+}
+
+fn start_runtime(
+    mut builder: tokio::runtime::Builder,
+    fut: impl std::future::Future<Output = ExitCode>,
+) -> ExitCode {
+    match builder.enable_all().build() {
         Ok(rt) => rt.block_on(fut),
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -156,8 +172,11 @@ fn check(path: PathBuf) -> ExitCode {
     }
 }
 
-async fn serve(path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
-    let loaded = Config::load(&path);
+async fn serve(
+    path: PathBuf,
+    loaded: Result<Config, modelgate::config::ConfigErrors>,
+    log_format: Option<LogFormat>,
+) -> ExitCode {
     // The flag wins over the file; the file is read first so its `[log]` applies from line one.
     init_logging_as(
         log_format

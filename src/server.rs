@@ -32,7 +32,7 @@ pub struct RunningGateway {
     addrs: HashMap<Address, SocketAddr>,
     gateway: Arc<Gateway>,
     shutdown: watch::Sender<bool>,
-    stopped: tokio::task::JoinHandle<()>,
+    stopped: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningGateway {
@@ -46,20 +46,41 @@ impl RunningGateway {
     }
 
     /// Stops accepting, lets in-flight requests finish for up to `deadline`, then returns.
-    pub async fn shutdown(self, deadline: Duration) {
+    pub async fn shutdown(mut self, deadline: Duration) {
         self.gateway.set_not_ready();
         let _ = self.shutdown.send(true);
-        if tokio::time::timeout(deadline, self.stopped).await.is_err() {
-            tracing::warn!(
-                deadline_ms = deadline.as_millis() as u64,
-                "in-flight requests did not finish before the shutdown deadline"
-            );
+        if let Some(stopped) = self.stopped.take() {
+            if tokio::time::timeout(deadline, stopped).await.is_err() {
+                tracing::warn!(
+                    deadline_ms = deadline.as_millis() as u64,
+                    "in-flight requests did not finish before the shutdown deadline"
+                );
+            }
         }
         self.gateway.services.limiter.flush().await;
     }
 }
 
-/// Binds every configured listener and starts serving.
+impl Drop for RunningGateway {
+    /// A gateway dropped without `shutdown` still stops accepting and drains, so its event loop
+    /// threads end instead of serving on unowned.
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+thread_local! {
+    /// Which event loop this thread runs (`[server] workers`); 0 off them.
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The event loop the calling thread runs, for state kept per loop (idle upstream connections).
+pub fn worker() -> usize {
+    WORKER.with(std::cell::Cell::get)
+}
+
+/// Binds every configured listener and starts serving: on `[server] workers` threads of their
+/// own, or on the calling runtime when that is 0.
 pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     let gateway = Arc::new(Gateway::new(config)?);
     let tls = config.tls.clone().map(TlsAcceptor::from);
@@ -89,7 +110,12 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
             } else {
                 tls.clone()
             };
-            listeners.push((a, l, tls));
+            listeners.push(Listener {
+                address: a,
+                socket: l,
+                tls,
+                slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+            });
         }
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -111,22 +137,38 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     });
     // Every connection and accept task holds a sender; when all are dropped, all have ended.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    for (address, listener, tls) in listeners {
-        let accept = Accept {
-            shared: shared.clone(),
-            address,
-            listener,
-            tls,
-            slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-            shutdown: shutdown_rx.clone(),
-            alive: alive_tx.clone(),
-        };
-        // One task per listener: a busy address cannot starve another's accepts (admin probes).
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "an accept loop; it ends when shutdown is signalled and is tracked by `alive`"
-        )]
-        tokio::spawn(accept.run());
+    match config.server.workers {
+        0 => {
+            for l in listeners {
+                spawn_accept(l, &shared, &shutdown_rx, &alive_tx);
+            }
+        }
+        workers => {
+            // Each loop gets its own descriptor of every listening socket and registers it
+            // with its own runtime; whichever loop is free accepts. Not SO_REUSEPORT: a second
+            // gateway started on the same port by mistake must fail, not share the traffic.
+            let mut sockets = Vec::new();
+            for l in listeners {
+                sockets.push((l.address, l.socket.into_std()?, l.tls, l.slots));
+            }
+            // The loops log where the caller does (its scoped subscriber, if it has one).
+            let logs = tracing::dispatcher::get_default(Clone::clone);
+            for w in 0..workers {
+                let logs = logs.clone();
+                let mut mine = Vec::with_capacity(sockets.len());
+                for (address, socket, tls, slots) in &sockets {
+                    mine.push((*address, socket.try_clone()?, tls.clone(), slots.clone()));
+                }
+                let (shared, shutdown_rx, alive) =
+                    (shared.clone(), shutdown_rx.clone(), alive_tx.clone());
+                std::thread::Builder::new()
+                    .name(format!("modelgate-{w}"))
+                    .spawn(move || {
+                        let _logs = tracing::dispatcher::set_default(&logs);
+                        event_loop(w, mine, &shared, &shutdown_rx, alive);
+                    })?;
+            }
+        }
     }
     drop(alive_tx);
     #[expect(
@@ -141,8 +183,92 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         addrs,
         gateway,
         shutdown,
-        stopped,
+        stopped: Some(stopped),
     })
+}
+
+/// A bound listening socket and what its accept loops share.
+struct Listener {
+    address: Address,
+    socket: TcpListener,
+    tls: Option<TlsAcceptor>,
+    /// `[limits] max_connections` permits, shared by every loop accepting on this address.
+    slots: Arc<Semaphore>,
+}
+
+/// One event loop: a single-threaded runtime that accepts on every listener and serves each
+/// connection it took, upstream calls included, to its end. Returns once shutdown has been
+/// signalled and its last connection has ended; `alive` is held until then.
+fn event_loop(
+    worker: usize,
+    sockets: Vec<(
+        Address,
+        std::net::TcpListener,
+        Option<TlsAcceptor>,
+        Arc<Semaphore>,
+    )>,
+    shared: &Arc<Shared>,
+    shutdown: &watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+) {
+    WORKER.with(|w| w.set(worker));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(worker, error = %e, "cannot start an event loop's runtime");
+            return;
+        }
+    };
+    rt.block_on(async {
+        let (mine, mut ended) = mpsc::channel::<()>(1);
+        for (address, socket, tls, slots) in sockets {
+            match TcpListener::from_std(socket) {
+                Ok(socket) => {
+                    let l = Listener {
+                        address,
+                        socket,
+                        tls,
+                        slots,
+                    };
+                    spawn_accept(l, shared, shutdown, &mine);
+                }
+                Err(e) => tracing::error!(worker, error = %e, "cannot watch a listener"),
+            }
+        }
+        drop(mine);
+        let _ = ended.recv().await;
+    });
+    // Dropping the runtime ends what its connections left behind (pooled HTTPS connections'
+    // tasks) before this loop counts as stopped.
+    drop(rt);
+    drop(alive);
+}
+
+/// Starts `l`'s accept loop on the current runtime.
+fn spawn_accept(
+    l: Listener,
+    shared: &Arc<Shared>,
+    shutdown: &watch::Receiver<bool>,
+    alive: &mpsc::Sender<()>,
+) {
+    let accept = Accept {
+        shared: shared.clone(),
+        address: l.address,
+        listener: l.socket,
+        tls: l.tls,
+        slots: l.slots,
+        shutdown: shutdown.clone(),
+        alive: alive.clone(),
+    };
+    // One task per listener: a busy address cannot starve another's accepts (admin probes).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "an accept loop; it ends when shutdown is signalled and is tracked by `alive`"
+    )]
+    tokio::spawn(accept.run());
 }
 
 /// What every connection of every listener shares.

@@ -111,7 +111,9 @@ fn tcp_connector(connect_timeout: Duration) -> HttpConnector {
 }
 
 impl UpstreamClient {
-    pub fn new(limits: &Limits) -> Self {
+    /// `workers`: the event loops that will call it (`[server] workers`); each keeps its own
+    /// idle plain-HTTP connections.
+    pub fn new(limits: &Limits, workers: usize) -> Self {
         let https = https_connector(limits.connect_timeout);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE)
@@ -121,6 +123,7 @@ impl UpstreamClient {
             tcp_connector(limits.connect_timeout),
             POOL_IDLE,
             POOL_MAX_IDLE,
+            workers,
         );
         Self {
             client,

@@ -33,7 +33,8 @@ use tokio::time::Instant;
 // ---------------------------------------------------------------------------------------------
 
 /// A gateway config: one base listener, the test key, `upstreams` as (name, kind, url), and
-/// `models` verbatim. The idle timeout is long so a stream a test holds open stays open.
+/// `models` verbatim. The idle timeout is long so a stream a test holds open stays open. The
+/// gateway serves on the test's runtime (`workers = 0`), whose clock the tests pause.
 fn gateway_config(upstreams: &[(&str, &str, &str)], models: &str) -> String {
     let mut ups = String::new();
     for (name, kind, url) in upstreams {
@@ -45,6 +46,9 @@ fn gateway_config(upstreams: &[(&str, &str, &str)], models: &str) -> String {
         r#"
 [listen]
 base = "127.0.0.1:0"
+
+[server]
+workers = 0
 
 [limits]
 max_request_bytes = 65536

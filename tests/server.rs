@@ -148,6 +148,120 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
         .unwrap();
 }
 
+/// The names of this process's threads that run the gateway's event loops.
+fn event_loop_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_owned())
+        .filter(|n| n.starts_with("modelgate-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn event_loops_serve_concurrent_streams_drain_and_end_after_shutdown() {
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let up = FakeUpstream::start(move |_| {
+        Reply::sse(vec![
+            (Duration::ZERO, chunk),
+            (Duration::from_millis(200), chunk),
+            (Duration::from_millis(200), "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
+    // Other tests in this binary run gateways with a loop per core: two more loops than cores
+    // make a last loop's name only this gateway has.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cores + 2;
+    let last = format!("modelgate-{}", workers - 1);
+    let toml = format!(
+        "{}\n[server]\nworkers = {workers}\n",
+        chat_config(&up.url())
+    );
+    let gw = TestGateway::start(&toml).await;
+    let url = gw.base("/v1/chat/completions");
+    let mut body = chat_body("m");
+    body["stream"] = json!(true);
+    let mut streams = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        // A client each, so each stream is a connection of its own for any loop to take.
+        let (url, body) = (url.clone(), body.clone());
+        streams.spawn(async move {
+            let resp = client()
+                .post(&url)
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp
+        });
+    }
+    let mut open = Vec::new();
+    while let Some(resp) = streams.join_next().await {
+        open.push(resp.unwrap());
+    }
+    let names = event_loop_threads();
+    for w in 0..workers {
+        let n = format!("modelgate-{w}");
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+
+    // Shutdown begins with every stream still open; each one still ends whole.
+    let shutdown = tokio::spawn(gw.running.shutdown(Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let fresh = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    assert!(fresh.post(&url).json(&chat_body("m")).send().await.is_err());
+    for resp in open {
+        assert_eq!(
+            resp.text().await.unwrap(),
+            format!("{chunk}{chunk}data: [DONE]\n\n")
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(3), shutdown)
+        .await
+        .expect("shutdown returns once every loop's streams have ended")
+        .unwrap();
+    // The loops' threads end with their last connection.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while event_loop_threads().contains(&last) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event loop threads outlive the shutdown: {:?}",
+            event_loop_threads()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_second_gateway_on_a_port_in_use_fails_to_start() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
+    let toml = format!("{}\n[server]\nworkers = 2\n", chat_config(&up.url()));
+    let first = TestGateway::start(&toml).await;
+    let taken = first.running.addr(Address::Base).unwrap();
+    let second = toml.replacen("base = \"127.0.0.1:0\"", &format!("base = \"{taken}\""), 1);
+    let config = modelgate::config::Config::parse(&second, std::path::Path::new("."), &|_| {
+        Some("up-secret".to_owned())
+    })
+    .unwrap();
+    let err = match modelgate::server::start(&config).await {
+        Ok(_) => panic!("a second gateway took {taken} beside the first"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!("cannot listen on {taken} (base)")),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn readyz_and_metrics_on_admin() {
     let gw = TestGateway::start(&chat_config("http://127.0.0.1:9")).await;

@@ -465,3 +465,24 @@ fn max_connections_is_bounded_by_what_a_semaphore_holds() {
     let fine = format!("{MINIMAL}\n[limits]\nmax_connections = 100000\n");
     assert!(parse(&fine).is_ok());
 }
+
+#[test]
+fn server_workers_default_to_the_cores_and_are_range_checked() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(parse(MINIMAL).unwrap().server.workers, cores);
+    let with = |section: &str| format!("{MINIMAL}\n[server]\n{section}\n");
+    assert_eq!(parse(&with("workers = 0")).unwrap().server.workers, 0);
+    assert_eq!(parse(&with("workers = 3")).unwrap().server.workers, 3);
+    for bad in ["workers = -1", "workers = 1025"] {
+        let errs = errors(&with(bad));
+        has(&errs, "server.workers");
+        has(&errs, "allowed: 0 (the starting runtime) to 1024");
+    }
+    has(&errors(&with("threads = 2")), "server");
+    has(&errors(&with("workers = \"auto\"")), "server");
+    let next = parse(&with("workers = 5")).unwrap();
+    assert!(parse(MINIMAL)
+        .unwrap()
+        .restart_needed(&next)
+        .contains(&"server"));
+}

@@ -63,6 +63,12 @@ struct RawKey {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RawServer {
+    workers: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct RawLog {
     format: Option<String>,
 }
@@ -151,6 +157,7 @@ struct RawModel {
 
 const TOP_KEYS: &[&str] = &[
     "listen",
+    "server",
     "tls",
     "limits",
     "retry",
@@ -235,6 +242,10 @@ pub(super) fn parse(
             None
         }
     };
+    let raw_server: RawServer = table
+        .remove("server")
+        .and_then(|v| section(v, "server", &mut errors))
+        .unwrap_or_default();
     let raw_tls: Option<RawTls> = table
         .remove("tls")
         .and_then(|v| section(v, "tls", &mut errors));
@@ -300,6 +311,7 @@ pub(super) fn parse(
         }
     });
     let limits = validate_limits(&raw_limits, &mut errors);
+    let server = validate_server(&raw_server, &mut errors);
     let video = validate_video(raw_video, env, &mut errors);
     let store = validate_store(raw_store, env, &mut errors);
     let upstreams = validate_upstreams(raw_upstreams, env, base_dir, &mut errors);
@@ -319,6 +331,7 @@ pub(super) fn parse(
     match listen {
         Some(listen) if errors.0.is_empty() => Ok(Config {
             listen,
+            server,
             tls,
             tls_fingerprint,
             limits,
@@ -390,6 +403,24 @@ fn validate_listen(raw: RawListen, errors: &mut Errors) -> Option<Listen> {
         video,
         admin,
     })
+}
+
+/// Most event loops one gateway runs: far past any core count, and each costs a thread.
+const MAX_WORKERS: i64 = 1024;
+
+fn validate_server(raw: &RawServer, errors: &mut Errors) -> ServerSettings {
+    let workers = match raw.workers {
+        None => ServerSettings::default().workers,
+        Some(n) if (0..=MAX_WORKERS).contains(&n) => n as usize,
+        Some(n) => {
+            errors.push(
+                "server.workers",
+                format!("{n} is out of range; allowed: 0 (the starting runtime) to {MAX_WORKERS}"),
+            );
+            1
+        }
+    };
+    ServerSettings { workers }
 }
 
 fn validate_limits(raw: &RawLimits, errors: &mut Errors) -> Limits {

@@ -129,6 +129,10 @@ pub struct RedisStore {
     pending: Mutex<Vec<Update>>,
     /// A flush is scheduled; the next update need not schedule another.
     flush_armed: AtomicBool,
+    /// The runtime the store was made on (the process's main one), which outlives the event
+    /// loops: the connection's task and scheduled flushes run there, so the last flush at
+    /// shutdown, after the loops have ended, still has a connection.
+    home: Option<tokio::runtime::Handle>,
 }
 
 /// A finished request's change to its key's counters.
@@ -187,6 +191,7 @@ impl RedisStore {
                     password,
                     pending: Mutex::default(),
                     flush_armed: AtomicBool::new(false),
+                    home: tokio::runtime::Handle::try_current().ok(),
                 }
             }
             // The parser's message is kept, the URL (which may hold a password) is not.
@@ -196,6 +201,7 @@ impl RedisStore {
                 password: None,
                 pending: Mutex::default(),
                 flush_armed: AtomicBool::new(false),
+                home: None,
             },
         }
     }
@@ -345,7 +351,11 @@ impl RedisStore {
         if self.flush_armed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(runtime) = self
+            .home
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
             // No runtime (a drop outside one): the next admission carries the update.
             self.flush_armed.store(false, Ordering::Release);
             return;
@@ -446,9 +456,14 @@ impl RedisStore {
                     .set_connection_timeout(CALL_TIMEOUT)
                     .set_response_timeout(CALL_TIMEOUT)
                     .set_number_of_retries(0);
-                ConnectionManager::new_with_config(client.clone(), config)
-                    .await
-                    .map_err(|e| self.error(&e))
+                let make = ConnectionManager::new_with_config(client.clone(), config);
+                let made = match &self.home {
+                    Some(home) => home.spawn(make).await.map_err(|e| {
+                        StoreError(format!("Redis: the connection attempt ended early ({e})"))
+                    })?,
+                    None => make.await,
+                };
+                made.map_err(|e| self.error(&e))
             })
             .await?;
         Ok(conn.clone())

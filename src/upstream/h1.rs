@@ -117,7 +117,9 @@ pub enum SendError {
 /// Connections to plain-HTTP upstreams, reused in last-in-first-out order.
 pub struct H1Pool {
     connector: HttpConnector,
-    origins: Mutex<Vec<Origin>>,
+    /// One list per event loop (`server::worker`): a socket is registered with the runtime that
+    /// opened it, and read from another loop each of its readiness events would cross threads.
+    origins: Box<[Mutex<Vec<Origin>>]>,
     idle_timeout: Duration,
     max_idle: usize,
 }
@@ -131,10 +133,15 @@ struct Outgoing {
 }
 
 impl H1Pool {
-    pub fn new(connector: HttpConnector, idle_timeout: Duration, max_idle: usize) -> Self {
+    pub fn new(
+        connector: HttpConnector,
+        idle_timeout: Duration,
+        max_idle: usize,
+        workers: usize,
+    ) -> Self {
         Self {
             connector,
-            origins: Mutex::new(Vec::new()),
+            origins: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
             idle_timeout,
             max_idle,
         }
@@ -278,9 +285,11 @@ impl H1Pool {
         }
     }
 
+    /// The calling event loop's lists.
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Origin>> {
+        let shard = &self.origins[crate::server::worker() % self.origins.len()];
         // The lists hold no invariant a panicking holder could break halfway.
-        self.origins
+        shard
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
