@@ -4,7 +4,8 @@
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
 #   benches/instructions.sh [BIN] [json|stream] [N]
-# With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate.
+# With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
+# appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
 set -euo pipefail
 bin=$(realpath "${1:-target/release/modelgate}")
 kind=${2:-json}
@@ -18,13 +19,17 @@ work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$mport" > "$work/mock.log" 2>&1 &
 mock_pid=$!
-sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$work/gw.toml"
+# The config sits in a directory of its own: the gateway watches the config's directory for
+# reloads, and a log written beside it would wake the watcher on every line.
+mkdir -p "$work/cfg"
+sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$work/cfg/gw.toml"
+printf '%b' "${GW_EXTRA:-}" >> "$work/cfg/gw.toml"
 body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
 [ "$kind" = stream ] && body="${body%\}},\"stream\":true}"
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \
-        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --config "$work/gw.toml" \
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --config "$work/cfg/gw.toml" \
         > "$work/gw.log" 2>&1 &
     local pid=$!
     for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done

@@ -144,6 +144,8 @@ pub struct Upstream {
     pub protocol_uris: [Option<Uri>; 3],
     /// For the built-in mock: the protocol it is spoken to in (`protocol = "chat"` by default).
     pub mock_protocol: Option<Protocol>,
+    /// Its `upstream_attempts` counters, once looked up.
+    pub attempts: crate::metrics::AttemptCache,
 }
 
 impl Upstream {
@@ -303,6 +305,8 @@ pub struct Model {
     /// `veo-vertex`: where results are written (`storageUri`); the upstream's when unset.
     pub storage_uri: Option<String>,
     pub hosted_tools: HostedTools,
+    /// The metrics series of its requests, by the upstream that answered, once looked up.
+    pub series: crate::metrics::RouteCache,
 }
 
 impl Model {

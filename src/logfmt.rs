@@ -9,6 +9,8 @@
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -37,22 +39,13 @@ where
     ) -> fmt::Result {
         // The line is built in a plain `String` and handed over in one write: every piece
         // written through `Writer` is a dynamic call.
-        thread_local! {
-            static LINE: RefCell<String> = const { RefCell::new(String::new()) };
-        }
-        LINE.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut line) => {
-                line.clear();
-                format_line(&mut line, event)?;
-                let written = writer.write_str(&line);
-                // One long line (an upstream's error quoted whole) is not kept per thread.
-                if line.capacity() > MAX_KEPT_LINE {
-                    *line = String::new();
-                }
-                written
+        with_line_buffer(|line| match line {
+            Some(line) => {
+                format_line(line, event)?;
+                writer.write_str(line)
             }
             // A field's `Debug` that logs: this line gets a buffer of its own.
-            Err(_) => {
+            None => {
                 let mut line = String::new();
                 format_line(&mut line, event)?;
                 writer.write_str(&line)
@@ -89,83 +82,207 @@ struct Fields<'w> {
     result: fmt::Result,
 }
 
-impl Fields<'_> {
-    fn name(&mut self, field: &Field) {
+/// True when `s` can be written between quotes as it is.
+fn plain(s: &str) -> bool {
+    // Every byte looked at, no early exit: the loop then runs on whole vectors, and the values
+    // are short (an id, a path, a model name) and almost always plain.
+    s.bytes().fold(true, |ok, b| {
+        ok & (b >= 0x20) & (b != b'"') & (b != b'\\') & (b != 0x7f)
+    })
+}
+
+/// ` name="value"`, through `Debug` when the value needs escaping.
+fn push_str(out: &mut String, name: &str, value: &str) -> fmt::Result {
+    push_name(out, name);
+    if plain(value) {
+        out.push('"');
+        out.push_str(value);
+        out.push('"');
+        Ok(())
+    } else {
+        write!(out, "{value:?}")
+    }
+}
+
+fn push_name(out: &mut String, name: &str) {
+    out.push(' ');
+    out.push_str(name);
+    out.push('=');
+}
+
+fn push_u64(out: &mut String, name: &str, value: u64) {
+    push_name(out, name);
+    out.push_str(itoa::Buffer::new().format(value));
+}
+
+/// Milliseconds to the microsecond: what a latency field needs, far cheaper than the shortest
+/// round-trip form.
+fn push_ms(out: &mut String, name: &str, value: f64) -> fmt::Result {
+    push_name(out, name);
+    if value.is_finite() && value.abs() < 1e15 {
+        let micros = (value * 1000.0).round() as i64;
+        let (sign, micros) = if micros < 0 {
+            ("-", -micros)
+        } else {
+            ("", micros)
+        };
+        let mut int = itoa::Buffer::new();
+        let mut frac = itoa::Buffer::new();
+        let f = frac.format(micros % 1000);
+        out.push_str(sign);
+        out.push_str(int.format(micros / 1000));
+        out.push('.');
+        out.push_str(&"000"[f.len()..]);
+        out.push_str(f);
+        Ok(())
+    } else {
+        write!(out, "{value}")
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" && plain(value) {
+            self.out.push(' ');
+            self.out.push_str(value);
+        } else if field.name() == "message" {
+            self.out.push(' ');
+            let written = write!(self.out, "{value:?}");
+            self.result = self.result.and(written);
+        } else {
+            let written = push_str(self.out, field.name(), value);
+            self.result = self.result.and(written);
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        push_u64(self.out, field.name(), value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        push_name(self.out, field.name());
+        self.out.push_str(itoa::Buffer::new().format(value));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        push_name(self.out, field.name());
+        self.out.push_str(if value { "true" } else { "false" });
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        let written = push_ms(self.out, field.name(), value);
+        self.result = self.result.and(written);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.out.push(' ');
         if field.name() != "message" {
             self.out.push_str(field.name());
             self.out.push('=');
         }
-    }
-}
-
-/// True when `s` can be written between quotes as it is.
-fn plain(s: &str) -> bool {
-    s.bytes()
-        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
-}
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.name(field);
-        if plain(value) {
-            if field.name() == "message" {
-                self.out.push_str(value);
-            } else {
-                self.out.push('"');
-                self.out.push_str(value);
-                self.out.push('"');
-            }
-        } else if self.result.is_ok() {
-            self.result = write!(self.out, "{value:?}");
-        }
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.name(field);
-        self.out.push_str(itoa::Buffer::new().format(value));
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.name(field);
-        self.out.push_str(itoa::Buffer::new().format(value));
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.name(field);
-        self.out.push_str(if value { "true" } else { "false" });
-    }
-
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.name(field);
-        // Milliseconds to the microsecond: what a latency field needs, far cheaper than the
-        // shortest round-trip form.
-        if value.is_finite() && value.abs() < 1e15 {
-            let micros = (value * 1000.0).round() as i64;
-            let (sign, micros) = if micros < 0 {
-                ("-", -micros)
-            } else {
-                ("", micros)
-            };
-            let mut int = itoa::Buffer::new();
-            let mut frac = itoa::Buffer::new();
-            let f = frac.format(micros % 1000);
-            self.out.push_str(sign);
-            self.out.push_str(int.format(micros / 1000));
-            self.out.push('.');
-            self.out.push_str(&"000"[f.len()..]);
-            self.out.push_str(f);
-        } else if self.result.is_ok() {
-            self.result = write!(self.out, "{value}");
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.name(field);
         if self.result.is_ok() {
             self.result = write!(self.out, "{value:?}");
         }
     }
+}
+
+/// Access lines written straight to stderr, in [`Plain`]'s layout, without tracing's dispatch
+/// (`serve` turns it on when it installs [`Plain`] on stderr).
+static DIRECT: AtomicBool = AtomicBool::new(false);
+
+/// Called by `serve` once its subscriber writes [`Plain`] lines to stderr.
+pub fn write_access_lines_directly() {
+    DIRECT.store(true, Ordering::Relaxed);
+}
+
+/// True when access lines skip tracing's dispatch (see [`access_line`]).
+pub fn access_lines_direct() -> bool {
+    DIRECT.load(Ordering::Relaxed)
+}
+
+/// The fields of a line [`access_line`] writes, in order.
+pub struct Line<'a>(&'a mut String);
+
+impl Line<'_> {
+    /// ` name="value"`, escaped when it needs to be.
+    pub fn str(&mut self, name: &str, value: &str) {
+        let _ = push_str(self.0, name, value);
+    }
+
+    /// Nothing when `None`, as tracing skips an absent optional field.
+    pub fn opt_str(&mut self, name: &str, value: Option<&str>) {
+        if let Some(v) = value {
+            self.str(name, v);
+        }
+    }
+
+    /// ` name=value` for a value that never needs quotes (a method, a path hyper parsed).
+    pub fn bare(&mut self, name: &str, value: &str) {
+        if plain(value) && !value.contains(' ') {
+            push_name(self.0, name);
+            self.0.push_str(value);
+        } else {
+            self.str(name, value);
+        }
+    }
+
+    pub fn u64(&mut self, name: &str, value: u64) {
+        push_u64(self.0, name, value);
+    }
+
+    pub fn ms(&mut self, name: &str, value: f64) {
+        let _ = push_ms(self.0, name, value);
+    }
+}
+
+/// Writes one INFO line of `target` with `message` and the fields `fill` adds, to stderr in
+/// one write, as [`Plain`] would have; the caller has checked [`access_lines_direct`] and that
+/// the filter lets the line through.
+pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
+    let write = |line: &str| {
+        // As tracing's stderr writer: a failed log write is not the request's failure.
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    };
+    with_line_buffer(|line| match line {
+        Some(line) => {
+            build_line(line, target, message, fill);
+            write(line);
+        }
+        None => {
+            let mut line = String::new();
+            build_line(&mut line, target, message, fill);
+            write(&line);
+        }
+    });
+}
+
+fn build_line(line: &mut String, target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
+    write_time(line, SystemTime::now());
+    line.push_str("  INFO ");
+    line.push_str(target);
+    line.push_str(": ");
+    line.push_str(message);
+    fill(&mut Line(line));
+    line.push('\n');
+}
+
+/// Runs `f` with this thread's line buffer, cleared (`None` while it is in use further up the
+/// stack); a buffer grown past [`MAX_KEPT_LINE`] is not kept.
+fn with_line_buffer<R>(f: impl FnOnce(Option<&mut String>) -> R) -> R {
+    thread_local! {
+        static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    LINE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut line) => {
+            line.clear();
+            let r = f(Some(&mut line));
+            if line.capacity() > MAX_KEPT_LINE {
+                *line = String::new();
+            }
+            r
+        }
+        Err(_) => f(None),
+    })
 }
 
 /// `2026-11-23T15:48:26.123456Z`, as tracing's default writes it.
@@ -285,5 +402,64 @@ mod tests {
             rest,
             "  INFO modelgate::access: request model=\"m\\\"x\\n\" status=200 duration_ms=1.500 ttfb_ms=0.000 ok=true key=\"team\"\n"
         );
+    }
+
+    #[test]
+    fn a_direct_access_line_reads_as_the_traced_one() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .map_err(|_| std::io::Error::other("poisoned"))?
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let out = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(Plain)
+            .with_writer(move || out.clone())
+            .finish();
+        let method = http::Method::POST;
+        let (model, none): (Option<&str>, Option<&str>) = (Some("m\"x\u{1b}"), None);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                target: "modelgate::access",
+                request_id = "r-1",
+                method = %method,
+                path = %"/v1/chat/completions",
+                key = none,
+                model,
+                attempts = 2u32,
+                status = 200u16,
+                ttfb_ms = Some(12.25f64),
+                duration_ms = 1500.0004f64,
+                "request"
+            );
+        });
+        let traced = String::from_utf8(sink.0.lock().map(|v| v.clone()).unwrap_or_default())
+            .unwrap_or_default();
+        let mut direct = String::new();
+        build_line(&mut direct, "modelgate::access", "request", |l| {
+            l.str("request_id", "r-1");
+            l.bare("method", method.as_str());
+            l.bare("path", "/v1/chat/completions");
+            l.opt_str("key", none);
+            l.opt_str("model", model);
+            l.u64("attempts", 2);
+            l.u64("status", 200);
+            l.ms("ttfb_ms", 12.25);
+            l.ms("duration_ms", 1500.0004);
+        });
+        // The timestamps differ; everything after them is the same.
+        assert_eq!(direct[27..], traced[27..], "{traced}");
+        assert!(direct.contains("model=\"m\\\"x\\u{1b}\""), "{direct}");
     }
 }

@@ -84,7 +84,10 @@ fn init_logging_as(format: LogFormat) {
         LogFormat::Text if std::io::IsTerminal::is_terminal(&std::io::stderr()) => {
             fmt.with_ansi(true).init()
         }
-        LogFormat::Text => fmt.event_format(modelgate::logfmt::Plain).init(),
+        LogFormat::Text => {
+            fmt.event_format(modelgate::logfmt::Plain).init();
+            modelgate::logfmt::write_access_lines_directly();
+        }
     }
 }
 

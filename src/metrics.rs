@@ -1,6 +1,7 @@
 //! The `/metrics` families (Prometheus text): requests by model and outcome, durations, time to first byte, gaps between chunks, tokens, upstream attempts, requests in flight, refusals and reloads. Label values come from the config, never from a client.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -199,6 +200,17 @@ impl Metrics {
             .inc();
     }
 
+    fn attempt_series(&self, upstream: &str) -> AttemptSeries {
+        AttemptSeries(ATTEMPT_RESULTS.map(|result| {
+            self.attempts
+                .get_or_create(&AttemptLabels {
+                    upstream: upstream.to_owned(),
+                    result,
+                })
+                .clone()
+        }))
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8 * 1024);
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -206,5 +218,211 @@ impl Metrics {
             out.push_str("# metrics could not be encoded\n");
         }
         out
+    }
+}
+
+/// The client protocols, in `Protocol as usize` order: the `protocol` label of LLM requests.
+const PROTOCOLS: [&str; 3] = ["chat", "messages", "responses"];
+
+/// Every `result` of `upstream_attempts`.
+pub const ATTEMPT_RESULTS: [&str; 7] = ["ok", "4xx", "429", "5xx", "connect", "timeout", "error"];
+
+/// Keys whose token counters one route keeps at hand; others are looked up each time.
+const KEPT_KEYS: usize = 64;
+
+/// The series one request of a route updates, each looked up on its first use and kept with
+/// the config's model (labels hashed once, not on every request). Clones of a series share its
+/// values, so a reloaded config's fresh lookups count on the same series, and a series never
+/// used is never created (nor shown).
+#[derive(Debug)]
+pub struct RouteSeries {
+    model: String,
+    upstream: String,
+    by_protocol: [ProtocolSeries; 3],
+    inter_chunk: OnceLock<Histogram>,
+    /// Token counters (input, output, cached) by key name.
+    tokens: Mutex<Vec<(String, [Counter; 3])>>,
+}
+
+#[derive(Debug, Default)]
+struct ProtocolSeries {
+    /// `requests` with status 200 and outcome ok, by far the most counted.
+    ok: OnceLock<Counter>,
+    duration: OnceLock<Histogram>,
+    ttfb: OnceLock<Histogram>,
+}
+
+impl RouteSeries {
+    fn new(model: &str, upstream: &str) -> Self {
+        Self {
+            model: model.to_owned(),
+            upstream: upstream.to_owned(),
+            by_protocol: Default::default(),
+            inter_chunk: OnceLock::new(),
+            tokens: Mutex::default(),
+        }
+    }
+
+    fn labels(&self, protocol: &str) -> RouteLabels {
+        RouteLabels {
+            model: self.model.clone(),
+            upstream: self.upstream.clone(),
+            protocol: protocol.to_owned(),
+        }
+    }
+
+    /// Counts a finished request of `protocol`: the 200-ok count when `status_ok`, its duration
+    /// and time to first byte. False when the protocol is not an LLM one; the caller then
+    /// counts it by labels.
+    pub fn finished(
+        &self,
+        metrics: &Metrics,
+        protocol: &str,
+        status_ok: bool,
+        duration: f64,
+        ttfb: Option<f64>,
+    ) -> bool {
+        let Some(p) = PROTOCOLS.iter().position(|p| *p == protocol) else {
+            return false;
+        };
+        let s = &self.by_protocol[p];
+        if status_ok {
+            s.ok.get_or_init(|| {
+                metrics
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        model: self.model.clone(),
+                        upstream: self.upstream.clone(),
+                        protocol: protocol.to_owned(),
+                        status: 200,
+                        outcome: "ok",
+                    })
+                    .clone()
+            })
+            .inc();
+        }
+        s.duration
+            .get_or_init(|| {
+                metrics
+                    .duration
+                    .get_or_create(&self.labels(protocol))
+                    .clone()
+            })
+            .observe(duration);
+        if let Some(t) = ttfb {
+            s.ttfb
+                .get_or_init(|| metrics.ttfb.get_or_create(&self.labels(protocol)).clone())
+                .observe(t);
+        }
+        true
+    }
+
+    /// The gaps between this route's chunks.
+    pub fn inter_chunk(&self, metrics: &Metrics) -> Histogram {
+        self.inter_chunk
+            .get_or_init(|| {
+                metrics
+                    .inter_chunk
+                    .get_or_create(&ChunkLabels {
+                        model: self.model.clone(),
+                        upstream: self.upstream.clone(),
+                    })
+                    .clone()
+            })
+            .clone()
+    }
+
+    /// Adds tokens to `key`'s counters for this route's model.
+    pub fn tokens(&self, metrics: &Metrics, key: &str, counts: [u64; 3]) {
+        if counts.iter().all(|n| *n == 0) {
+            return;
+        }
+        let mut kept = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = match kept.iter().position(|(k, _)| k == key) {
+            Some(at) => at,
+            None => {
+                let counters = TOKEN_DIRECTIONS.map(|direction| {
+                    metrics
+                        .tokens
+                        .get_or_create(&TokenLabels {
+                            model: self.model.clone(),
+                            key: key.to_owned(),
+                            direction,
+                        })
+                        .clone()
+                });
+                if kept.len() >= KEPT_KEYS {
+                    drop(kept);
+                    add_tokens(&counters, counts);
+                    return;
+                }
+                kept.push((key.to_owned(), counters));
+                kept.len() - 1
+            }
+        };
+        add_tokens(&kept[at].1, counts);
+    }
+}
+
+/// The `direction` label of each token count, in the order the counts come.
+pub const TOKEN_DIRECTIONS: [&str; 3] = ["input", "output", "cached"];
+
+fn add_tokens(counters: &[Counter; 3], counts: [u64; 3]) {
+    for (c, n) in counters.iter().zip(counts) {
+        if n > 0 {
+            c.inc_by(n);
+        }
+    }
+}
+
+/// An upstream's `upstream_attempts` counters, one per result in [`ATTEMPT_RESULTS`] order.
+pub struct AttemptSeries([Counter; 7]);
+
+impl AttemptSeries {
+    pub fn count(&self, result: &str) {
+        if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == result) {
+            self.0[i].inc();
+        }
+    }
+}
+
+/// A model's route series by upstream, filled as its requests are answered; part of the
+/// config's `Model`, so a reload starts a new one.
+#[derive(Default)]
+pub struct RouteCache(Mutex<Vec<Arc<RouteSeries>>>);
+
+impl std::fmt::Debug for RouteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteCache")
+    }
+}
+
+impl RouteCache {
+    /// The series of this model (named `model`) served by `upstream`.
+    pub fn get(&self, model: &str, upstream: &str) -> Arc<RouteSeries> {
+        let mut routes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = routes.iter().find(|r| r.upstream == upstream) {
+            return r.clone();
+        }
+        let r = Arc::new(RouteSeries::new(model, upstream));
+        routes.push(r.clone());
+        r
+    }
+}
+
+/// An upstream's attempt counters, looked up on its first attempt; part of the config's
+/// `Upstream`.
+#[derive(Default)]
+pub struct AttemptCache(OnceLock<AttemptSeries>);
+
+impl std::fmt::Debug for AttemptCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptCache")
+    }
+}
+
+impl AttemptCache {
+    pub fn get(&self, metrics: &Metrics, upstream: &str) -> &AttemptSeries {
+        self.0.get_or_init(|| metrics.attempt_series(upstream))
     }
 }

@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -12,9 +12,13 @@ use memchr::memmem::{Finder, FinderRev};
 use pin_project_lite::pin_project;
 use serde_json::Value;
 
+mod counts;
+
 use crate::config::Protocol;
 use crate::limits::Meter;
-use crate::metrics::{ChunkLabels, Metrics, RequestLabels, RouteLabels, TokenLabels};
+use crate::metrics::{
+    ChunkLabels, Metrics, RequestLabels, RouteLabels, RouteSeries, TokenLabels, TOKEN_DIRECTIONS,
+};
 use crate::{ir, translate};
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -130,8 +134,8 @@ impl UsageReader {
                         &joined
                     }
                 };
-                if let Some(u) = last_usage(tail) {
-                    read_usage(self.protocol, &u, &mut self.usage);
+                if let Some(c) = last_usage(tail) {
+                    c.read_into(self.protocol, &mut self.usage);
                 }
                 frames.clear();
             }
@@ -201,8 +205,9 @@ fn usage_object_in(event: &[u8]) -> bool {
     })
 }
 
-/// The value of the last `"usage":` key in `tail` that is not inside a string.
-fn last_usage(tail: &[u8]) -> Option<Value> {
+/// The counts of the last `"usage":` key in `tail` that is not inside a string and holds an
+/// object.
+fn last_usage(tail: &[u8]) -> Option<counts::Counts> {
     static USAGE_KEY_REV: LazyLock<FinderRev<'static>> =
         LazyLock::new(|| FinderRev::new(b"\"usage\""));
     let needle = USAGE_KEY_REV.needle();
@@ -213,9 +218,10 @@ fn last_usage(tail: &[u8]) -> Option<Value> {
             let rest = &tail[at + needle.len()..];
             let rest = rest.trim_ascii_start();
             if let Some(value) = rest.strip_prefix(b":") {
-                let mut de = serde_json::Deserializer::from_slice(value).into_iter::<Value>();
-                if let Some(Ok(v @ Value::Object(_))) = de.next() {
-                    return Some(v);
+                let mut de =
+                    serde_json::Deserializer::from_slice(value).into_iter::<counts::UsageObject>();
+                if let Some(Ok(counts::UsageObject(Some(c)))) = de.next() {
+                    return Some(c);
                 }
             }
         }
@@ -400,6 +406,8 @@ pub struct Record {
     /// The config entry that served it: the metrics' label, never a client's string.
     pub model_entry: Option<String>,
     pub upstream: Option<String>,
+    /// The series of `model_entry` served by `upstream`, when an upstream was tried.
+    pub series: Option<Arc<RouteSeries>>,
     /// The client's protocol, for LLM requests.
     pub protocol: &'static str,
     pub attempts: u32,
@@ -430,6 +438,9 @@ impl Record {
     }
 }
 
+/// The access log's target.
+const ACCESS: &str = "modelgate::access";
+
 /// Writes the record to the access log and the metrics once the response is over.
 struct Finisher {
     record: Record,
@@ -445,20 +456,60 @@ struct Finisher {
 }
 
 impl Finisher {
+    /// Counts the request in the families by its labels: `requests`, and unless `timed` the
+    /// duration and time to first byte.
+    fn count_by_labels(
+        &self,
+        outcome: &'static str,
+        timed: bool,
+        duration: Duration,
+        ttfb: Option<Duration>,
+    ) {
+        let (r, m) = (&self.record, &self.metrics);
+        let model = r.model_entry.clone().unwrap_or_default();
+        let upstream = r.upstream.clone().unwrap_or_default();
+        let protocol = r.protocol.to_owned();
+        m.requests
+            .get_or_create(&RequestLabels {
+                model: model.clone(),
+                upstream: upstream.clone(),
+                protocol: protocol.clone(),
+                status: r.status,
+                outcome,
+            })
+            .inc();
+        if timed {
+            return;
+        }
+        let route = RouteLabels {
+            model,
+            upstream,
+            protocol,
+        };
+        m.duration
+            .get_or_create(&route)
+            .observe(duration.as_secs_f64());
+        if let Some(t) = ttfb {
+            m.ttfb.get_or_create(&route).observe(t.as_secs_f64());
+        }
+    }
+
     fn chunk(&mut self, now: Instant) {
         self.chunks += 1;
         match self.last_chunk {
             None => self.first_byte = Some(now),
             Some(last) if self.stream => {
                 let r = &self.record;
-                let gaps = self.gaps.get_or_insert_with(|| {
-                    self.metrics
+                let gaps = self.gaps.get_or_insert_with(|| match &r.series {
+                    Some(s) => s.inter_chunk(&self.metrics),
+                    None => self
+                        .metrics
                         .inter_chunk
                         .get_or_create(&ChunkLabels {
                             model: r.model_entry.clone().unwrap_or_default(),
                             upstream: r.upstream.clone().unwrap_or_default(),
                         })
-                        .clone()
+                        .clone(),
                 });
                 gaps.observe(now.saturating_duration_since(last).as_secs_f64());
             }
@@ -480,67 +531,91 @@ impl Finisher {
         if self.stream {
             m.in_flight_streams.dec();
         }
-        let model = r.model_entry.clone().unwrap_or_default();
-        let upstream = r.upstream.clone().unwrap_or_default();
-        let protocol = r.protocol.to_owned();
-        m.requests
-            .get_or_create(&RequestLabels {
-                model: model.clone(),
-                upstream: upstream.clone(),
-                protocol: protocol.clone(),
-                status: r.status,
-                outcome,
-            })
-            .inc();
-        let route = RouteLabels {
-            model: model.clone(),
-            upstream,
-            protocol,
-        };
-        m.duration
-            .get_or_create(&route)
-            .observe(duration.as_secs_f64());
-        if let Some(t) = ttfb {
-            m.ttfb.get_or_create(&route).observe(t.as_secs_f64());
+        let ok = r.status == 200 && outcome == "ok";
+        let counted = r.series.as_ref().is_some_and(|s| {
+            s.finished(
+                m,
+                r.protocol,
+                ok,
+                duration.as_secs_f64(),
+                ttfb.map(|t| t.as_secs_f64()),
+            )
+        });
+        // The request's series are at hand for an answered LLM request; anything else (a
+        // refusal, a failure, video) is counted by its labels.
+        if !counted || !ok {
+            self.count_by_labels(outcome, counted, duration, ttfb);
         }
         if let Some(key) = &r.key {
-            for (direction, n) in [
-                ("input", tokens.input),
-                ("output", tokens.output),
-                ("cached", tokens.cached),
-            ] {
-                if n > 0 {
-                    m.tokens
-                        .get_or_create(&TokenLabels {
-                            model: model.clone(),
-                            key: key.clone(),
-                            direction,
-                        })
-                        .inc_by(n);
+            let counts = [tokens.input, tokens.output, tokens.cached];
+            match &r.series {
+                Some(s) => s.tokens(m, key, counts),
+                _ if counts.iter().any(|n| *n > 0) => {
+                    let model = r.model_entry.clone().unwrap_or_default();
+                    for (direction, n) in TOKEN_DIRECTIONS.into_iter().zip(counts) {
+                        if n > 0 {
+                            m.tokens
+                                .get_or_create(&TokenLabels {
+                                    model: model.clone(),
+                                    key: key.clone(),
+                                    direction,
+                                })
+                                .inc_by(n);
+                        }
+                    }
                 }
+                _ => {}
             }
         }
-        tracing::info!(
-            target: "modelgate::access",
-            request_id = r.request_id.to_str().unwrap_or("-"),
-            address = r.address,
-            method = %r.method,
-            path = %r.path,
-            key = r.key.as_deref(),
-            model = r.model.as_deref(),
-            upstream = r.upstream.as_deref(),
-            attempts = r.attempts,
-            tries = (!r.tries.is_empty()).then_some(r.tries.as_str()),
-            status = r.status,
-            outcome,
-            ttfb_ms = ttfb.map(|t| t.as_secs_f64() * 1000.0),
-            duration_ms = duration.as_secs_f64() * 1000.0,
-            chunks = self.chunks,
-            input_tokens = tokens.input,
-            output_tokens = tokens.output,
-            cached_tokens = tokens.cached,
-            "request"
-        );
+        let ttfb_ms = ttfb.map(|t| t.as_secs_f64() * 1000.0);
+        let duration_ms = duration.as_secs_f64() * 1000.0;
+        let tries = (!r.tries.is_empty()).then_some(r.tries.as_str());
+        if !crate::logfmt::access_lines_direct() {
+            tracing::info!(
+                target: ACCESS,
+                request_id = r.request_id.to_str().unwrap_or("-"),
+                address = r.address,
+                method = %r.method,
+                path = %r.path,
+                key = r.key.as_deref(),
+                model = r.model.as_deref(),
+                upstream = r.upstream.as_deref(),
+                attempts = r.attempts,
+                tries,
+                status = r.status,
+                outcome,
+                ttfb_ms,
+                duration_ms,
+                chunks = self.chunks,
+                input_tokens = tokens.input,
+                output_tokens = tokens.output,
+                cached_tokens = tokens.cached,
+                "request"
+            );
+        } else if tracing::enabled!(target: ACCESS, tracing::Level::INFO) {
+            // The same line, without tracing's dispatch: every request writes one.
+            crate::logfmt::access_line(ACCESS, "request", |l| {
+                l.str("request_id", r.request_id.to_str().unwrap_or("-"));
+                l.str("address", r.address);
+                l.bare("method", r.method.as_str());
+                l.bare("path", &r.path);
+                l.opt_str("key", r.key.as_deref());
+                l.opt_str("model", r.model.as_deref());
+                l.opt_str("upstream", r.upstream.as_deref());
+                l.u64("attempts", u64::from(r.attempts));
+                l.opt_str("tries", tries);
+                l.u64("status", u64::from(r.status));
+                l.str("outcome", outcome);
+                if let Some(t) = ttfb_ms {
+                    l.ms("ttfb_ms", t);
+                }
+                l.ms("duration_ms", duration_ms);
+                l.u64("chunks", self.chunks);
+                l.u64("input_tokens", tokens.input);
+                l.u64("output_tokens", tokens.output);
+                l.u64("cached_tokens", tokens.cached);
+            });
+        }
     }
 }
 

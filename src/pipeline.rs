@@ -15,11 +15,13 @@ use crate::attempt::{InFlight, Selector};
 use crate::auth::Principal;
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::KeyLimits;
-use crate::config::{Address, Config, Limits, Model, Protocol, RetryPolicy, Target, UpstreamKind};
+use crate::config::{
+    Address, Config, Limits, Model, Protocol, RetryPolicy, Target, Upstream, UpstreamKind,
+};
 use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::limits::Hold;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteSeries};
 use crate::observe::{Fate, Metered, Observed, Record, TokenCell, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
@@ -79,6 +81,8 @@ struct Ctx {
     model: Option<Arc<Model>>,
     /// The upstream tried last.
     upstream: Option<String>,
+    /// The metrics series of `model` served by `upstream`.
+    series: Option<Arc<RouteSeries>>,
     /// Requests sent upstream.
     attempts: u32,
     /// `upstream outcome time` per attempt, for the access log.
@@ -99,7 +103,13 @@ struct Ctx {
 
 impl Ctx {
     /// Notes one attempt for the access log and `modelgate_upstream_attempts_total`.
-    fn log_attempt(&mut self, metrics: &Metrics, upstream: &str, tried: Tried, took: Duration) {
+    fn log_attempt(
+        &mut self,
+        metrics: &Metrics,
+        upstream: &Upstream,
+        tried: Tried,
+        took: Duration,
+    ) {
         let result = match tried {
             Tried::Status(429) => "429",
             Tried::Status(s) if s >= 500 => "5xx",
@@ -108,7 +118,8 @@ impl Ctx {
             Tried::Failed(f @ ("connect" | "timeout" | "5xx")) => f,
             Tried::Failed(_) => "error",
         };
-        metrics.attempt(upstream, result);
+        upstream.attempts.get(metrics, &upstream.name).count(result);
+        let upstream = upstream.name.as_str();
         // `upstream 200 12ms`, appended without the formatting machinery: every request has one.
         let mut n = itoa::Buffer::new();
         if !self.tries.is_empty() {
@@ -247,6 +258,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         key: None,
         model: None,
         upstream: None,
+        series: None,
         attempts: 0,
         tries: String::new(),
         extra_headers: Vec::new(),
@@ -322,6 +334,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
         model: ctx.client_model,
         model_entry: ctx.model.map(|m| m.name.clone()),
         upstream: ctx.upstream,
+        series: ctx.series,
         protocol: ctx.protocol,
         attempts: ctx.attempts,
         tries: ctx.tries,
@@ -554,7 +567,7 @@ async fn stored_response(
     let resp = gw.services.client.send(&upstream, call).await;
     ctx.log_attempt(
         &gw.services.metrics,
-        &upstream_name,
+        &upstream,
         Tried::of(&resp),
         started.elapsed(),
     );
@@ -631,7 +644,7 @@ async fn count_tokens(
         let resp = gw.services.client.send(&target.upstream, req).await;
         ctx.log_attempt(
             &gw.services.metrics,
-            &target.upstream.name,
+            &target.upstream,
             Tried::of(&resp),
             started.elapsed(),
         );
@@ -840,6 +853,10 @@ async fn attempts(
         }
         ctx.attempts += 1;
         ctx.upstream = Some(target.upstream.name.clone());
+        ctx.series = ctx
+            .model
+            .as_ref()
+            .map(|m| m.series.get(&m.name, &target.upstream.name));
         let started = tokio::time::Instant::now();
         let result = send(gw, target, &encoded, headers, &ctx.request_id, plan.stream).await;
         let elapsed = started.elapsed();
@@ -859,7 +876,7 @@ async fn attempts(
                 if class.is_some_and(|c| policy_retries(&policy, c)) {
                     ctx.log_attempt(
                         &gw.services.metrics,
-                        &target.upstream.name,
+                        &target.upstream,
                         Tried::Status(status),
                         elapsed,
                     );
@@ -887,7 +904,7 @@ async fn attempts(
                         }
                         ctx.log_attempt(
                             &gw.services.metrics,
-                            &target.upstream.name,
+                            &target.upstream,
                             Tried::Status(status),
                             started.elapsed(),
                         );
@@ -915,7 +932,7 @@ async fn attempts(
         };
         ctx.log_attempt(
             &gw.services.metrics,
-            &target.upstream.name,
+            &target.upstream,
             Tried::Failed(failure.retry.map_or("error", RetryClass::name)),
             elapsed,
         );

@@ -332,3 +332,108 @@ async fn the_config_file_can_ask_for_json_lines() {
     assert_eq!(log["outcome"], "refused");
     assert_eq!(log["status"], 404);
 }
+
+/// Starts the binary with text logs (stderr a pipe, so the plain layout) and `rust_log`; the
+/// lines it writes come on the receiver. Returns the child, its lines and the base URL.
+fn serve_text(config: &str, rust_log: &str) -> (Child, mpsc::Receiver<String>, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "modelgate-observe-text-{}-{}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gw.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", rust_log)
+        .env("UPSTREAM_KEY", "up-secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let base = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the gateway prints its listeners");
+        if let Some(at) = line.find("listening on http://") {
+            if line.contains("listener=\"base\"") {
+                let url = &line[at + "listening on ".len()..];
+                break url.split(' ').next().unwrap().to_owned();
+            }
+        }
+    };
+    (child, lines, base)
+}
+
+/// The access lines among `lines` received within `wait`.
+async fn text_access_lines(lines: &mpsc::Receiver<String>, wait: Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    while std::time::Instant::now() < deadline {
+        match lines.try_recv() {
+            Ok(l) if l.contains(" modelgate::access: ") => out.push(l),
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn text_access_lines_have_every_field_and_follow_the_filter() {
+    let up = FakeUpstream::start(|_| {
+        Reply::json(
+            200,
+            json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 3}}}),
+        )
+    })
+    .await;
+    let config = gateway_config(&up.url(), false);
+
+    let (mut child, lines, base) = serve_text(&config, "info");
+    let url = format!("{base}/v1/chat/completions");
+    // A model name a client chose, with a quote in it: written escaped, never raw.
+    let (status, _, _) = post_json(&url, chat_body("m-\"odd\"")).await;
+    assert_eq!(status, 200);
+    let found = text_access_lines(&lines, Duration::from_secs(2)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let [line] = found.as_slice() else {
+        panic!("one access line expected: {found:?}");
+    };
+    let (time, rest) = line.split_at(27);
+    assert!(time.ends_with('Z') && time.as_bytes()[10] == b'T', "{line}");
+    let rest = rest
+        .strip_prefix("  INFO modelgate::access: request request_id=\"req_")
+        .unwrap_or_else(|| panic!("{line}"));
+    for field in [
+        " address=\"base\" method=POST path=/v1/chat/completions key=\"test\"",
+        " model=\"m-\\\"odd\\\"\" upstream=\"up\" attempts=1 tries=\"up 200 ",
+        " status=200 outcome=\"ok\" ttfb_ms=",
+        " chunks=1 input_tokens=11 output_tokens=7 cached_tokens=3",
+    ] {
+        assert!(rest.contains(field), "{field:?} not in {line}");
+    }
+    assert!(rest.ends_with("cached_tokens=3"), "{line}");
+
+    // Turned off by the filter, the line is not written at all.
+    let (mut child, lines, base) = serve_text(&config, "info,modelgate::access=off");
+    let (status, _, _) = post_json(&format!("{base}/v1/chat/completions"), chat_body("m")).await;
+    assert_eq!(status, 200);
+    let found = text_access_lines(&lines, Duration::from_millis(500)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(found.is_empty(), "{found:?}");
+}

@@ -58,7 +58,7 @@ async fn one_upstream_connection_carries_json_chunked_and_stream_replies_in_turn
         }
     })
     .await;
-    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    let gw = TestGateway::start(&one_loop(&chat_config(&up.url()))).await;
     for i in 0..9 {
         let mut body = chat_body("m");
         if i % 3 == 2 {

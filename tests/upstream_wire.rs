@@ -165,7 +165,7 @@ async fn a_chunked_reply_with_extensions_trailers_and_odd_splits_arrives_whole()
         Script::new(pieces)
     })
     .await;
-    let gw = TestGateway::start(&chat_config(&up.url)).await;
+    let gw = TestGateway::start(&one_loop(&chat_config(&up.url))).await;
     for _ in 0..3 {
         let (status, _, v) = post_json(&gw.base("/v1/chat/completions"), chat_body("m")).await;
         assert_eq!(status, 200, "{v}");

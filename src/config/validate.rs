@@ -872,6 +872,7 @@ fn validate_upstreams(
             forward_headers,
             protocol_uris,
             mock_protocol,
+            attempts: Default::default(),
         }));
     }
     out
@@ -1314,6 +1315,7 @@ fn validate_models(
                     default_max_tokens: m.default_max_tokens,
                     storage_uri: m.storage_uri,
                     hosted_tools,
+                    series: Default::default(),
                 }));
             }
         }

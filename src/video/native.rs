@@ -201,6 +201,7 @@ mod tests {
             forward_headers: Vec::new(),
             protocol_uris: [None, None, None],
             mock_protocol: None,
+            attempts: Default::default(),
         }
     }
 

@@ -106,6 +106,12 @@ key = "{KEY}"
     )
 }
 
+/// `toml` served by one event loop: idle upstream connections are kept per loop, so a test
+/// that counts upstream connections across client connections needs them all on one.
+pub fn one_loop(toml: &str) -> String {
+    format!("{toml}\n[server]\nworkers = 1\n")
+}
+
 /// The usual test setup: one chat upstream named "up" at `upstream_url`, models routed to it.
 pub fn chat_config(upstream_url: &str) -> String {
     config(
