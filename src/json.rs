@@ -137,7 +137,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
                 let mut entries: Vec<(Cow<'a, str>, Cow<'a, RawValue>)> =
                     Vec::with_capacity(map.size_hint().unwrap_or(16));
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                // Borrowed from the body unless escaped: serde's own `Cow<str>` always copies.
+                while let Some(crate::translate::lax::Key(key)) = map.next_key()? {
                     let value: &'de RawValue = map.next_value()?;
                     if let Some(pos) = entries.iter().position(|(k, _)| *k == key) {
                         entries.remove(pos);

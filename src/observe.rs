@@ -207,7 +207,7 @@ fn usage_object_in(event: &[u8]) -> bool {
 
 /// The counts of the last `"usage":` key in `tail` that is not inside a string and holds an
 /// object.
-fn last_usage(tail: &[u8]) -> Option<counts::Counts> {
+fn last_usage(tail: &[u8]) -> Option<counts::Counts<'_>> {
     static USAGE_KEY_REV: LazyLock<FinderRev<'static>> =
         LazyLock::new(|| FinderRev::new(b"\"usage\""));
     let needle = USAGE_KEY_REV.needle();
@@ -218,9 +218,7 @@ fn last_usage(tail: &[u8]) -> Option<counts::Counts> {
             let rest = &tail[at + needle.len()..];
             let rest = rest.trim_ascii_start();
             if let Some(value) = rest.strip_prefix(b":") {
-                let mut de =
-                    serde_json::Deserializer::from_slice(value).into_iter::<counts::UsageObject>();
-                if let Some(Ok(counts::UsageObject(Some(c)))) = de.next() {
+                if let Some(c) = counts::Counts::object_at(value.trim_ascii_start()) {
                     return Some(c);
                 }
             }

@@ -1,253 +1,93 @@
 //! A reply's `usage` object read straight into counts, in any protocol's words, with no `Value` tree: every JSON reply's usage is read for the access log and the metrics.
 //!
 //! It reads what `translate::{chat, messages, responses}::usage_from` read from a `Value`, the
-//! same way: a count that is not a non-negative integer is absent (as `Value::as_u64` has it), a
-//! `*_details` member that is not an object holds nothing, and of a repeated key the last wins.
-
-use std::fmt;
-
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+//! same way (the lenient readers of `translate::lax` follow `Value::get`): a count that is not a
+//! non-negative integer is absent, a `*_details` member that is not an object holds nothing,
+//! and of a repeated key the last wins.
 
 use crate::config::Protocol;
 use crate::ir::Usage;
+use crate::translate::lax::{lax_struct, Loose};
 
-/// The visitor methods for every value that is neither an object nor a number: each yields
-/// `$none`, an array's items read and dropped.
-macro_rules! nothing_else {
-    ($none:expr) => {
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok($none)
-        }
-    };
+lax_struct! {
+    /// The counts a usage object may hold, in any protocol's words.
+    pub(super) struct Counts<'a> {
+        prompt_tokens: Loose<'a>,
+        completion_tokens: Loose<'a>,
+        input_tokens: Loose<'a>,
+        output_tokens: Loose<'a>,
+        cache_read_input_tokens: Loose<'a>,
+        cache_creation_input_tokens: Loose<'a>,
+        prompt = "prompt_tokens_details": Details<'a>,
+        completion = "completion_tokens_details": Details<'a>,
+        input = "input_tokens_details": Details<'a>,
+        output = "output_tokens_details": Details<'a>,
+    }
 }
 
-/// [`nothing_else`], and integers yield `$none` too.
-macro_rules! not_an_object {
-    ($none:expr) => {
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($none)
+lax_struct! {
+    /// The members of a `*_details` object that any protocol reads.
+    struct Details<'a> {
+        cached_tokens: Loose<'a>,
+        cache_write_tokens: Loose<'a>,
+        reasoning_tokens: Loose<'a>,
+        thinking_tokens: Loose<'a>,
+    }
+}
+
+impl Counts<'_> {
+    /// Reads the usage object at the start of `text` (what follows it is not looked at);
+    /// `None` when it is not an object or not JSON.
+    pub(super) fn object_at(text: &[u8]) -> Option<Counts<'_>> {
+        if !text.starts_with(b"{") {
+            return None;
         }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($none)
-        }
-        nothing_else!($none);
-    };
-}
+        let mut values = serde_json::Deserializer::from_slice(text).into_iter::<Counts<'_>>();
+        values.next()?.ok()
+    }
 
-/// The counts a usage object may hold. `None`: absent, or not a count.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Counts {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    cache_read_input_tokens: Option<u64>,
-    cache_creation_input_tokens: Option<u64>,
-    /// `prompt_tokens_details`, `completion_tokens_details`, `input_tokens_details`,
-    /// `output_tokens_details`.
-    prompt: Details,
-    completion: Details,
-    input: Details,
-    output: Details,
-}
-
-/// The members of a `*_details` object that any protocol reads.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Details {
-    cached_tokens: Option<u64>,
-    cache_write_tokens: Option<u64>,
-    reasoning_tokens: Option<u64>,
-    thinking_tokens: Option<u64>,
-}
-
-impl Counts {
     /// Adds what `protocol` reads from this object to `into`: chat and responses replace the
     /// usage, messages (whose stream splits it over two events) merges what is present.
     pub(super) fn read_into(&self, protocol: Protocol, into: &mut Usage) {
-        let n = |v: Option<u64>| v.unwrap_or(0);
+        let n = |v: &Loose<'_>| v.as_u64().unwrap_or(0);
         match protocol {
             Protocol::Chat => {
-                let cache_read = n(self.prompt.cached_tokens);
-                let cache_write = n(self.prompt.cache_write_tokens);
+                let cache_read = n(&self.prompt.cached_tokens);
+                let cache_write = n(&self.prompt.cache_write_tokens);
                 *into = Usage {
-                    input: n(self.prompt_tokens)
+                    input: n(&self.prompt_tokens)
                         .saturating_sub(cache_read.saturating_add(cache_write)),
                     cache_read,
                     cache_write,
-                    output: n(self.completion_tokens),
-                    reasoning: n(self.completion.reasoning_tokens),
+                    output: n(&self.completion_tokens),
+                    reasoning: n(&self.completion.reasoning_tokens),
                 };
             }
             Protocol::Responses => {
-                let cache_read = n(self.input.cached_tokens);
-                let cache_write = n(self.input.cache_write_tokens);
+                let cache_read = n(&self.input.cached_tokens);
+                let cache_write = n(&self.input.cache_write_tokens);
                 *into = Usage {
-                    input: n(self.input_tokens)
+                    input: n(&self.input_tokens)
                         .saturating_sub(cache_read.saturating_add(cache_write)),
                     cache_read,
                     cache_write,
-                    output: n(self.output_tokens),
-                    reasoning: n(self.output.reasoning_tokens),
+                    output: n(&self.output_tokens),
+                    reasoning: n(&self.output.reasoning_tokens),
                 };
             }
             Protocol::Messages => {
-                let set = |field: &mut u64, v: Option<u64>| {
-                    if let Some(v) = v {
+                let set = |field: &mut u64, v: &Loose<'_>| {
+                    if let Some(v) = v.as_u64() {
                         *field = v;
                     }
                 };
-                set(&mut into.input, self.input_tokens);
-                set(&mut into.cache_read, self.cache_read_input_tokens);
-                set(&mut into.cache_write, self.cache_creation_input_tokens);
-                set(&mut into.output, self.output_tokens);
-                set(&mut into.reasoning, self.output.thinking_tokens);
+                set(&mut into.input, &self.input_tokens);
+                set(&mut into.cache_read, &self.cache_read_input_tokens);
+                set(&mut into.cache_write, &self.cache_creation_input_tokens);
+                set(&mut into.output, &self.output_tokens);
+                set(&mut into.reasoning, &self.output.thinking_tokens);
             }
         }
-    }
-}
-
-/// A usage value: `Some` for an object, `None` for anything else (the search for a usage
-/// object then goes on).
-pub(super) struct UsageObject(pub(super) Option<Counts>);
-
-impl<'de> Deserialize<'de> for UsageObject {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = UsageObject;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a usage object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageObject, A::Error> {
-                let mut c = Counts::default();
-                while let Some(key) = map.next_key::<Key<'de>>()? {
-                    let count = |map: &mut A| map.next_value::<Count>().map(|c| c.0);
-                    let details = |map: &mut A| map.next_value::<DetailsValue>().map(|d| d.0);
-                    match key.0.as_ref() {
-                        "prompt_tokens" => c.prompt_tokens = count(&mut map)?,
-                        "completion_tokens" => c.completion_tokens = count(&mut map)?,
-                        "input_tokens" => c.input_tokens = count(&mut map)?,
-                        "output_tokens" => c.output_tokens = count(&mut map)?,
-                        "cache_read_input_tokens" => c.cache_read_input_tokens = count(&mut map)?,
-                        "cache_creation_input_tokens" => {
-                            c.cache_creation_input_tokens = count(&mut map)?
-                        }
-                        "prompt_tokens_details" => c.prompt = details(&mut map)?,
-                        "completion_tokens_details" => c.completion = details(&mut map)?,
-                        "input_tokens_details" => c.input = details(&mut map)?,
-                        "output_tokens_details" => c.output = details(&mut map)?,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(UsageObject(Some(c)))
-            }
-            not_an_object!(UsageObject(None));
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A `*_details` value: its counts when it is an object, none otherwise.
-struct DetailsValue(Details);
-
-impl<'de> Deserialize<'de> for DetailsValue {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = DetailsValue;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a details object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DetailsValue, A::Error> {
-                let mut d = Details::default();
-                while let Some(key) = map.next_key::<Key<'de>>()? {
-                    let slot = match key.0.as_ref() {
-                        "cached_tokens" => &mut d.cached_tokens,
-                        "cache_write_tokens" => &mut d.cache_write_tokens,
-                        "reasoning_tokens" => &mut d.reasoning_tokens,
-                        "thinking_tokens" => &mut d.thinking_tokens,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = map.next_value::<Count>()?.0;
-                }
-                Ok(DetailsValue(d))
-            }
-            not_an_object!(DetailsValue(Details::default()));
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A count as `Value::as_u64` reads it: a non-negative integer, else nothing.
-struct Count(Option<u64>);
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a count")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
-                Ok(Count(Some(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Count, E> {
-                Ok(Count(u64::try_from(v).ok()))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Count(None))
-            }
-            nothing_else!(Count(None));
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A key, borrowed when it has no escapes (almost always), owned otherwise.
-struct Key<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Owned(v.to_owned())))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 
@@ -281,7 +121,7 @@ mod tests {
             output: 7,
             reasoning: 7,
         };
-        let UsageObject(Some(c)) = serde_json::from_str::<UsageObject>(text).unwrap() else {
+        let Some(c) = Counts::object_at(text.as_bytes()) else {
             panic!("not read as an object: {text}");
         };
         c.read_into(protocol, &mut usage);
@@ -336,14 +176,16 @@ mod tests {
 
     #[test]
     fn anything_but_an_object_is_no_usage() {
-        for text in ["null", "3", "\"x\"", "[1,{\"a\":2}]", "true"] {
-            assert!(
-                serde_json::from_str::<UsageObject>(text)
-                    .unwrap()
-                    .0
-                    .is_none(),
-                "{text}"
-            );
+        for text in [
+            "null",
+            "3",
+            "\"x\"",
+            "[1,{\"a\":2}]",
+            "true",
+            "{\"a\":",
+            "{\"a\" 1}",
+        ] {
+            assert!(Counts::object_at(text.as_bytes()).is_none(), "{text}");
         }
     }
 }
