@@ -24,8 +24,8 @@
 //! `cargo bench --bench proxy` measures `BENCH_N` pairs per case and mode (default 5000) after
 //! `BENCH_WARMUP` warm-up pairs (default 500). Without `--bench` in the arguments
 //! (`cargo test --benches`) it runs a 20-pair smoke pass per case so CI stays fast.
-//! `BENCH_THREADS` sets the gateway's tokio worker count (default: the number of cores, as
-//! `modelgate serve` does). No tracing subscriber is installed, so logging costs nothing.
+//! `BENCH_THREADS` sets the gateway's event loops, `[server] workers` (default: the number of
+//! cores, as `modelgate serve` does). No tracing subscriber is installed, so logging costs nothing.
 
 // A benchmark is not a request path: a failed setup step should stop it loudly, like a test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -68,6 +68,8 @@ const REPLY_TEXT: &str = "Hello! How can I help you today?";
 const BLOCK: usize = 25;
 /// The names of the gateway's and the fake upstream's threads, to find their CPU time in /proc.
 const GATEWAY_THREAD: &str = "gateway-worker";
+/// The gateway's event loops (`[server] workers`) are threads named `modelgate-N`.
+const EVENT_LOOP_THREAD: &str = "modelgate-";
 const UPSTREAM_THREAD: &str = "fake-upstream";
 
 /// The text of a stream, in either protocol: `tok1 tok2 … tok18 `.
@@ -632,7 +634,12 @@ fn rss_kib() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// On-CPU time spent so far by the threads named `thread`, in nanoseconds: from
+/// On-CPU time of the gateway: its event loops, and the runtime that started it.
+fn gateway_cpu_ns() -> u64 {
+    cpu_ns(GATEWAY_THREAD) + cpu_ns(EVENT_LOOP_THREAD)
+}
+
+/// On-CPU time spent so far by the threads whose name starts with `thread`, in nanoseconds: from
 /// `/proc/self/task/*/schedstat` (nanosecond resolution, so the short blocks each case runs in
 /// can be told apart), else user + system from `stat` (10 ms ticks). Scheduling delays do not
 /// inflate it, unlike wall-clock latency.
@@ -644,7 +651,7 @@ fn cpu_ns(thread: &str) -> u64 {
     for task in tasks.flatten() {
         let dir = task.path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end() != thread {
+        if !comm.trim_end().starts_with(thread) {
             continue;
         }
         let schedstat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
@@ -737,6 +744,9 @@ fn main() {
 [listen]
 base = "127.0.0.1:0"
 
+[server]
+workers = {threads}
+
 [[keys]]
 name = "bench"
 key = "{KEY}"
@@ -766,7 +776,7 @@ upstream = "up-messages"
     let gw_addr = gateway.addr(Address::Base).unwrap();
 
     println!(
-        "modelgate proxy bench: {} mode, gateway on {threads} tokio worker threads, {cores} cores, warm-up {warmup} pairs, {n} measured pairs per case and mode",
+        "modelgate proxy bench: {} mode, gateway on {threads} event loops, {cores} cores, warm-up {warmup} pairs, {n} measured pairs per case and mode",
         if full { "full" } else { "smoke (no --bench flag)" },
     );
     println!("upstream {up} (own thread), gateway {gw_addr}; client on its own thread: sequential requests (concurrency 1), one keep-alive client, direct/proxied interleaved; the cases take turns in blocks of {BLOCK} pairs");
@@ -858,7 +868,7 @@ async fn phase(client: &BenchClient, cases: &[Case], n: usize, stream: bool) -> 
     while done < n {
         let len = BLOCK.min(n - done);
         for (case, m) in cases.iter().zip(&mut out) {
-            let cpu = (cpu_ns(GATEWAY_THREAD), cpu_ns(UPSTREAM_THREAD));
+            let cpu = (gateway_cpu_ns(), cpu_ns(UPSTREAM_THREAD));
             for i in done..done + len {
                 if i % 2 == 0 {
                     m.direct.push(call(client, &case.direct, stream).await);
@@ -868,7 +878,7 @@ async fn phase(client: &BenchClient, cases: &[Case], n: usize, stream: bool) -> 
                     m.direct.push(call(client, &case.direct, stream).await);
                 }
             }
-            m.gateway_ns += cpu_ns(GATEWAY_THREAD).saturating_sub(cpu.0);
+            m.gateway_ns += gateway_cpu_ns().saturating_sub(cpu.0);
             m.upstream_ns += cpu_ns(UPSTREAM_THREAD).saturating_sub(cpu.1);
         }
         done += len;

@@ -3,7 +3,7 @@
 //! A request's way through the code, one module per stage:
 //!
 //! ```text
-//! server      accept TCP (TLS by rustls), HTTP/1.1 + HTTP/2, graceful shutdown
+//! server      event loops (one per core) accept TCP (TLS by rustls), HTTP/1.1 + HTTP/2, graceful shutdown
 //!  └─ pipeline     auth → read → route → limit → plan → attempts → respond; the one place an
 //!       │          error becomes a response, for every address (video included)
 //!       ├─ routing      keys, models, targets' state: one ArcSwap, read once per request

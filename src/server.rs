@@ -1,4 +1,4 @@
-//! Listeners: bind each address, accept TCP (and TLS), serve HTTP/1.1 and HTTP/2 on every connection, and shut down gracefully.
+//! Listeners: bind each address and run the event loops that accept TCP (and TLS), serve HTTP/1.1 and HTTP/2 on every connection, and shut down gracefully.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -159,13 +159,18 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                 for (address, socket, tls, slots) in &sockets {
                     mine.push((*address, socket.try_clone()?, tls.clone(), slots.clone()));
                 }
+                // Built here, so a runtime that cannot start fails the start, not one loop.
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
                 let (shared, shutdown_rx, alive) =
                     (shared.clone(), shutdown_rx.clone(), alive_tx.clone());
                 std::thread::Builder::new()
                     .name(format!("modelgate-{w}"))
                     .spawn(move || {
                         let _logs = tracing::dispatcher::set_default(&logs);
-                        event_loop(w, mine, &shared, &shutdown_rx, alive);
+                        WORKER.with(|cell| cell.set(w));
+                        event_loop(rt, mine, &shared, &shutdown_rx, alive);
                     })?;
             }
         }
@@ -200,7 +205,7 @@ struct Listener {
 /// connection it took, upstream calls included, to its end. Returns once shutdown has been
 /// signalled and its last connection has ended; `alive` is held until then.
 fn event_loop(
-    worker: usize,
+    rt: tokio::runtime::Runtime,
     sockets: Vec<(
         Address,
         std::net::TcpListener,
@@ -211,17 +216,6 @@ fn event_loop(
     shutdown: &watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
 ) {
-    WORKER.with(|w| w.set(worker));
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(worker, error = %e, "cannot start an event loop's runtime");
-            return;
-        }
-    };
     rt.block_on(async {
         let (mine, mut ended) = mpsc::channel::<()>(1);
         for (address, socket, tls, slots) in sockets {
@@ -235,7 +229,7 @@ fn event_loop(
                     };
                     spawn_accept(l, shared, shutdown, &mine);
                 }
-                Err(e) => tracing::error!(worker, error = %e, "cannot watch a listener"),
+                Err(e) => tracing::error!(worker = worker(), error = %e, "cannot watch a listener"),
             }
         }
         drop(mine);
