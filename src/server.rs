@@ -128,7 +128,11 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         // size, data and CRLF for a vectored write (−9 k per 23-event stream, benches/
         // instructions.sh). Flushes happen at the same points, so nothing waits for more.
         .writev(false)
-        .header_read_timeout(Duration::from_secs(30));
+        // No header-read timer of hyper's own: `[limits] client_idle_timeout_ms` already closes
+        // a connection whose head never ends (only requests keep a connection open, not bytes),
+        // and hyper re-armed that timer after every response, earlier than the runtime's next
+        // planned wake-up, which made tokio write to its own wake-up descriptor each time.
+        .header_read_timeout(None::<Duration>);
     builder.http2().timer(TokioTimer::new());
     let shared = Arc::new(Shared {
         gw: gateway.clone(),

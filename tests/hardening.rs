@@ -216,6 +216,43 @@ async fn a_connection_that_never_sends_a_byte_is_closed() {
 }
 
 #[tokio::test]
+async fn a_head_that_trickles_in_is_closed_at_the_client_idle_timeout() {
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
+    let gw = hostile(&up).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    // One byte of a header every 50 ms, never the end of the head: bytes alone do not keep the
+    // connection open, only a request does (the limit here is 300 ms).
+    let started = tokio::time::Instant::now();
+    let mut closed = false;
+    for b in b"x-trickle: ".iter().cycle().take(200) {
+        if s.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 256];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await
+        {
+            closed = true;
+            break;
+        }
+    }
+    assert!(
+        closed,
+        "a head sent a byte at a time kept the connection open for 10 s"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn an_http2_connection_that_only_pings_is_closed() {
     let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
     let gw = hostile(&up).await;
