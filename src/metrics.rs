@@ -200,17 +200,6 @@ impl Metrics {
             .inc();
     }
 
-    fn attempt_series(&self, upstream: &str) -> AttemptSeries {
-        AttemptSeries(ATTEMPT_RESULTS.map(|result| {
-            self.attempts
-                .get_or_create(&AttemptLabels {
-                    upstream: upstream.to_owned(),
-                    result,
-                })
-                .clone()
-        }))
-    }
-
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8 * 1024);
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -375,17 +364,6 @@ fn add_tokens(counters: &[Counter; 3], counts: [u64; 3]) {
     }
 }
 
-/// An upstream's `upstream_attempts` counters, one per result in [`ATTEMPT_RESULTS`] order.
-pub struct AttemptSeries([Counter; 7]);
-
-impl AttemptSeries {
-    pub fn count(&self, result: &str) {
-        if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == result) {
-            self.0[i].inc();
-        }
-    }
-}
-
 /// A model's route series by upstream, filled as its requests are answered; part of the
 /// config's `Model`, so a reload starts a new one.
 #[derive(Default)]
@@ -410,10 +388,10 @@ impl RouteCache {
     }
 }
 
-/// An upstream's attempt counters, looked up on its first attempt; part of the config's
-/// `Upstream`.
+/// An upstream's `upstream_attempts` counters, one per result in [`ATTEMPT_RESULTS`] order,
+/// each looked up on its first use; part of the config's `Upstream`.
 #[derive(Default)]
-pub struct AttemptCache(OnceLock<AttemptSeries>);
+pub struct AttemptCache([OnceLock<Counter>; 7]);
 
 impl std::fmt::Debug for AttemptCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -422,7 +400,22 @@ impl std::fmt::Debug for AttemptCache {
 }
 
 impl AttemptCache {
-    pub fn get(&self, metrics: &Metrics, upstream: &str) -> &AttemptSeries {
-        self.0.get_or_init(|| metrics.attempt_series(upstream))
+    /// Counts one attempt on `upstream` that ended in `result`.
+    pub fn count(&self, metrics: &Metrics, upstream: &str, result: &'static str) {
+        let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == result) else {
+            metrics.attempt(upstream, result);
+            return;
+        };
+        self.0[i]
+            .get_or_init(|| {
+                metrics
+                    .attempts
+                    .get_or_create(&AttemptLabels {
+                        upstream: upstream.to_owned(),
+                        result,
+                    })
+                    .clone()
+            })
+            .inc();
     }
 }

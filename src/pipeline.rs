@@ -118,7 +118,7 @@ impl Ctx {
             Tried::Failed(f @ ("connect" | "timeout" | "5xx")) => f,
             Tried::Failed(_) => "error",
         };
-        upstream.attempts.get(metrics, &upstream.name).count(result);
+        upstream.attempts.count(metrics, &upstream.name, result);
         let upstream = upstream.name.as_str();
         // `upstream 200 12ms`, appended without the formatting machinery: every request has one.
         let mut n = itoa::Buffer::new();

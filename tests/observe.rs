@@ -314,6 +314,14 @@ async fn every_request_is_logged_and_measured_at_its_end() {
         ),
         Some(4.0)
     );
+    // Series are made as they are first counted: no zero lines for what never happened.
+    for never in [
+        "modelgate_upstream_attempts_total{upstream=\"up\",result=\"5xx\"}",
+        "modelgate_request_duration_seconds_count{model=\"m*\",upstream=\"up\",protocol=\"messages\"}",
+        "modelgate_requests_total{model=\"m*\",upstream=\"up\",protocol=\"responses\"",
+    ] {
+        assert!(!text.contains(never), "{never} in {text}");
+    }
     // Everything finished (the scrape itself is counted only once its answer is made).
     assert_eq!(metric(&text, "modelgate_in_flight_streams"), Some(0.0));
     assert_eq!(metric(&text, "modelgate_in_flight_requests"), Some(0.0));
