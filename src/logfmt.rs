@@ -359,8 +359,8 @@ mod tests {
         assert!(!plain("back\\slash"));
     }
 
-    #[test]
-    fn a_line_reads_as_tracing_writes_it() {
+    /// What [`Plain`] writes for the events `log` makes.
+    fn traced(log: impl FnOnce()) -> String {
         use std::sync::{Arc, Mutex};
         #[derive(Clone, Default)]
         struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -382,7 +382,13 @@ mod tests {
             .event_format(Plain)
             .with_writer(move || out.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, log);
+        String::from_utf8(sink.0.lock().map(|v| v.clone()).unwrap_or_default()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_line_reads_as_tracing_writes_it() {
+        let text = traced(|| {
             tracing::info!(
                 target: "modelgate::access",
                 model = "m\"x\n",
@@ -394,8 +400,6 @@ mod tests {
                 "request"
             );
         });
-        let text = String::from_utf8(sink.0.lock().map(|v| v.clone()).unwrap_or_default())
-            .unwrap_or_default();
         let (time, rest) = text.split_at(27);
         assert!(time.ends_with('Z') && time.as_bytes()[10] == b'T', "{text}");
         assert_eq!(
@@ -406,30 +410,9 @@ mod tests {
 
     #[test]
     fn a_direct_access_line_reads_as_the_traced_one() {
-        use std::sync::{Arc, Mutex};
-        #[derive(Clone, Default)]
-        struct Sink(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .lock()
-                    .map_err(|_| std::io::Error::other("poisoned"))?
-                    .extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let sink = Sink::default();
-        let out = sink.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(Plain)
-            .with_writer(move || out.clone())
-            .finish();
         let method = http::Method::POST;
         let (model, none): (Option<&str>, Option<&str>) = (Some("m\"x\u{1b}"), None);
-        tracing::subscriber::with_default(subscriber, || {
+        let traced = traced(|| {
             tracing::info!(
                 target: "modelgate::access",
                 request_id = "r-1",
@@ -444,8 +427,6 @@ mod tests {
                 "request"
             );
         });
-        let traced = String::from_utf8(sink.0.lock().map(|v| v.clone()).unwrap_or_default())
-            .unwrap_or_default();
         let mut direct = String::new();
         build_line(&mut direct, "modelgate::access", "request", |l| {
             l.str("request_id", "r-1");

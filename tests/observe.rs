@@ -24,35 +24,42 @@ struct Served {
     admin: String,
 }
 
+/// Runs the binary on `config` (written to a fresh directory) with `flags` and `RUST_LOG`; its
+/// stderr lines come on the receiver.
+fn spawn_gateway(config: &str, flags: &[&str], rust_log: &str) -> (Child, mpsc::Receiver<String>) {
+    let dir = std::env::temp_dir().join(format!(
+        "modelgate-observe-{}-{}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gw.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .args(flags)
+        .env("RUST_LOG", rust_log)
+        .env("UPSTREAM_KEY", "up-secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, lines)
+}
+
 impl Served {
     fn start(config: &str, flag: bool) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "modelgate-observe-{}-{}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("gw.toml");
-        std::fs::write(&path, config).unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"));
-        cmd.arg("serve").arg("--config").arg(&path);
-        if flag {
-            cmd.args(["--log-format", "json"]);
-        }
-        let mut child = cmd
-            .env("RUST_LOG", "info")
-            .env("UPSTREAM_KEY", "up-secret")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let flags: &[&str] = if flag { &["--log-format", "json"] } else { &[] };
+        let (child, lines) = spawn_gateway(config, flags, "info");
         let (mut base, mut admin) = (None, None);
         while base.is_none() || admin.is_none() {
             let line = lines
@@ -344,31 +351,7 @@ async fn the_config_file_can_ask_for_json_lines() {
 /// Starts the binary with text logs (stderr a pipe, so the plain layout) and `rust_log`; the
 /// lines it writes come on the receiver. Returns the child, its lines and the base URL.
 fn serve_text(config: &str, rust_log: &str) -> (Child, mpsc::Receiver<String>, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "modelgate-observe-text-{}-{}",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gw.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_modelgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", rust_log)
-        .env("UPSTREAM_KEY", "up-secret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (child, lines) = spawn_gateway(config, &[], rust_log);
     let base = loop {
         let line = lines
             .recv_timeout(Duration::from_secs(20))

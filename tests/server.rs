@@ -94,17 +94,24 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[tokio::test]
-async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+/// An upstream whose every answer is a chat stream of two chunks and `[DONE]`, `pause` apart;
+/// and the chunk, for the expected text.
+async fn paced_stream(pause: Duration) -> (FakeUpstream, &'static str) {
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
     let up = FakeUpstream::start(move |_| {
         Reply::sse(vec![
             (Duration::ZERO, chunk),
-            (Duration::from_millis(300), chunk),
-            (Duration::from_millis(300), "data: [DONE]\n\n"),
+            (pause, chunk),
+            (pause, "data: [DONE]\n\n"),
         ])
     })
     .await;
+    (up, chunk)
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+    let (up, chunk) = paced_stream(Duration::from_millis(300)).await;
     let gw = TestGateway::start(&chat_config(&up.url())).await;
     let url = gw.base("/v1/chat/completions");
     let admin = gw.url(Address::Admin, "/readyz");
@@ -162,15 +169,7 @@ fn event_loop_threads() -> Vec<String> {
 
 #[tokio::test]
 async fn event_loops_serve_concurrent_streams_drain_and_end_after_shutdown() {
-    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
-    let up = FakeUpstream::start(move |_| {
-        Reply::sse(vec![
-            (Duration::ZERO, chunk),
-            (Duration::from_millis(200), chunk),
-            (Duration::from_millis(200), "data: [DONE]\n\n"),
-        ])
-    })
-    .await;
+    let (up, chunk) = paced_stream(Duration::from_millis(200)).await;
     // Other tests in this binary run gateways with a loop per core: two more loops than cores
     // make a last loop's name only this gateway has.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -50,30 +50,34 @@ impl Counts<'_> {
     /// usage, messages (whose stream splits it over two events) merges what is present.
     pub(super) fn read_into(&self, protocol: Protocol, into: &mut Usage) {
         let n = |v: &Loose<'_>| v.as_u64().unwrap_or(0);
+        // Chat and responses both count cache reads and writes inside the prompt's total.
+        let replace = |prompt: &Loose<'_>, details: &Details<'_>, output: &Loose<'_>, reasoning| {
+            let cache_read = n(&details.cached_tokens);
+            let cache_write = n(&details.cache_write_tokens);
+            Usage {
+                input: n(prompt).saturating_sub(cache_read.saturating_add(cache_write)),
+                cache_read,
+                cache_write,
+                output: n(output),
+                reasoning: n(reasoning),
+            }
+        };
         match protocol {
             Protocol::Chat => {
-                let cache_read = n(&self.prompt.cached_tokens);
-                let cache_write = n(&self.prompt.cache_write_tokens);
-                *into = Usage {
-                    input: n(&self.prompt_tokens)
-                        .saturating_sub(cache_read.saturating_add(cache_write)),
-                    cache_read,
-                    cache_write,
-                    output: n(&self.completion_tokens),
-                    reasoning: n(&self.completion.reasoning_tokens),
-                };
+                *into = replace(
+                    &self.prompt_tokens,
+                    &self.prompt,
+                    &self.completion_tokens,
+                    &self.completion.reasoning_tokens,
+                );
             }
             Protocol::Responses => {
-                let cache_read = n(&self.input.cached_tokens);
-                let cache_write = n(&self.input.cache_write_tokens);
-                *into = Usage {
-                    input: n(&self.input_tokens)
-                        .saturating_sub(cache_read.saturating_add(cache_write)),
-                    cache_read,
-                    cache_write,
-                    output: n(&self.output_tokens),
-                    reasoning: n(&self.output.reasoning_tokens),
-                };
+                *into = replace(
+                    &self.input_tokens,
+                    &self.input,
+                    &self.output_tokens,
+                    &self.output.reasoning_tokens,
+                );
             }
             Protocol::Messages => {
                 let set = |field: &mut u64, v: &Loose<'_>| {
@@ -96,15 +100,18 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
+    /// A usage already holding counts, so a reader that merges shows what it left alone.
+    const SEVENS: Usage = Usage {
+        input: 7,
+        cache_read: 7,
+        cache_write: 7,
+        output: 7,
+        reasoning: 7,
+    };
+
     /// What the translation's own readers make of `u`.
     fn by_value(protocol: Protocol, u: &Value) -> Usage {
-        let mut usage = Usage {
-            input: 7,
-            cache_read: 7,
-            cache_write: 7,
-            output: 7,
-            reasoning: 7,
-        };
+        let mut usage = SEVENS;
         match protocol {
             Protocol::Chat => usage = crate::translate::chat::usage_from(u),
             Protocol::Messages => crate::translate::messages::usage_from(u, &mut usage),
@@ -114,13 +121,7 @@ mod tests {
     }
 
     fn by_counts(protocol: Protocol, text: &str) -> Usage {
-        let mut usage = Usage {
-            input: 7,
-            cache_read: 7,
-            cache_write: 7,
-            output: 7,
-            reasoning: 7,
-        };
+        let mut usage = SEVENS;
         let Some(c) = Counts::object_at(text.as_bytes()) else {
             panic!("not read as an object: {text}");
         };
