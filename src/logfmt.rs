@@ -239,10 +239,26 @@ impl Line<'_> {
 /// one write, as [`Plain`] would have; the caller has checked [`access_lines_direct`] and that
 /// the filter lets the line through.
 pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
-    let write = |line: &str| {
-        // As tracing's stderr writer: a failed log write is not the request's failure.
-        let _ = std::io::stderr().write_all(line.as_bytes());
+    let mut fill = Some(fill);
+    HELD.with(|held| {
+        let Ok(mut held) = held.try_borrow_mut() else {
+            return;
+        };
+        let Some(buf) = held.as_mut() else {
+            return;
+        };
+        if let Some(fill) = fill.take() {
+            build_line(buf, target, message, fill);
+        }
+        if buf.len() >= HOLD_LIMIT {
+            write_stderr(buf);
+            buf.clear();
+        }
+    });
+    let Some(fill) = fill else {
+        return;
     };
+    let write = write_stderr;
     with_line_buffer(|line| match line {
         Some(line) => {
             build_line(line, target, message, fill);
@@ -252,6 +268,47 @@ pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)
             let mut line = String::new();
             build_line(&mut line, target, message, fill);
             write(&line);
+        }
+    });
+}
+
+/// As tracing's stderr writer: a failed log write is not the request's failure.
+fn write_stderr(text: &str) {
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
+/// Held lines past this many bytes are written without waiting for the loop to go idle.
+const HOLD_LIMIT: usize = 32 * 1024;
+
+thread_local! {
+    /// An event loop's access lines not written yet: they leave together when the loop has
+    /// nothing left to run ([`flush_access_lines`], its park hook), after the responses they
+    /// describe rather than before them, and in one write however many requests ended.
+    static HELD: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Makes this thread hold its access lines until [`flush_access_lines`]: for an event loop
+/// that calls it whenever it is about to wait.
+pub fn hold_access_lines() {
+    HELD.with(|held| {
+        if let Ok(mut held) = held.try_borrow_mut() {
+            held.get_or_insert_with(String::new);
+        }
+    });
+}
+
+/// Writes the access lines this thread holds, in one write.
+pub fn flush_access_lines() {
+    HELD.with(|held| {
+        let Ok(mut held) = held.try_borrow_mut() else {
+            return;
+        };
+        if let Some(buf) = held.as_mut().filter(|b| !b.is_empty()) {
+            write_stderr(buf);
+            buf.clear();
+            if buf.capacity() > 2 * HOLD_LIMIT {
+                *buf = String::new();
+            }
         }
     });
 }

@@ -166,6 +166,8 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                 // Built here, so a runtime that cannot start fails the start, not one loop.
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
+                    // Access lines are held while the loop has work and written when it waits.
+                    .on_thread_park(crate::logfmt::flush_access_lines)
                     .build()?;
                 let (shared, shutdown_rx, alive) =
                     (shared.clone(), shutdown_rx.clone(), alive_tx.clone());
@@ -174,6 +176,7 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                     .spawn(move || {
                         let _logs = tracing::dispatcher::set_default(&logs);
                         WORKER.with(|cell| cell.set(w));
+                        crate::logfmt::hold_access_lines();
                         event_loop(rt, mine, &shared, &shutdown_rx, alive);
                     })?;
             }
@@ -240,8 +243,9 @@ fn event_loop(
         let _ = ended.recv().await;
     });
     // Dropping the runtime ends what its connections left behind (pooled HTTPS connections'
-    // tasks) before this loop counts as stopped.
+    // tasks), and the last access lines are written, before this loop counts as stopped.
     drop(rt);
+    crate::logfmt::flush_access_lines();
     drop(alive);
 }
 
