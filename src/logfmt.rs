@@ -142,17 +142,18 @@ fn push_ms(out: &mut String, name: &str, value: f64) -> fmt::Result {
 
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" && plain(value) {
+        let written = if field.name() == "message" {
             self.out.push(' ');
-            self.out.push_str(value);
-        } else if field.name() == "message" {
-            self.out.push(' ');
-            let written = write!(self.out, "{value:?}");
-            self.result = self.result.and(written);
+            if plain(value) {
+                self.out.push_str(value);
+                Ok(())
+            } else {
+                write!(self.out, "{value:?}")
+            }
         } else {
-            let written = push_str(self.out, field.name(), value);
-            self.result = self.result.and(written);
-        }
+            push_str(self.out, field.name(), value)
+        };
+        self.result = self.result.and(written);
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
@@ -175,10 +176,9 @@ impl Visit for Fields<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.out.push(' ');
-        if field.name() != "message" {
-            self.out.push_str(field.name());
-            self.out.push('=');
+        match field.name() {
+            "message" => self.out.push(' '),
+            name => push_name(self.out, name),
         }
         if self.result.is_ok() {
             self.result = write!(self.out, "{value:?}");
@@ -258,16 +258,15 @@ pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)
     let Some(fill) = fill else {
         return;
     };
-    let write = write_stderr;
     with_line_buffer(|line| match line {
         Some(line) => {
             build_line(line, target, message, fill);
-            write(line);
+            write_stderr(line);
         }
         None => {
             let mut line = String::new();
             build_line(&mut line, target, message, fill);
-            write(&line);
+            write_stderr(&line);
         }
     });
 }
