@@ -173,25 +173,43 @@ pub enum BodyProblem {
 /// gateway validates is what the upstream reads. Numbers and literals are skipped, never
 /// parsed, so a value out of any parser's range is left to the field's own validation.
 pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
-    let mut stack: Vec<Level<'_>> = Vec::new();
+    let mut stack: Vec<Level<'_>> = Vec::with_capacity(8);
+    // The keys of every open object in one list, innermost object's last: one allocation for
+    // the whole body instead of one per object.
+    let mut keys: Vec<Key<'_>> = Vec::with_capacity(32);
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'"' => {
                 let end = string_end(bytes, i + 1);
                 if let Some(Level::Object {
-                    keys,
+                    first,
+                    many,
+                    current,
                     expecting_key: expecting @ true,
-                    ..
                 }) = stack.last_mut()
                 {
                     *expecting = false;
                     let key = Key::new(&bytes[i + 1..end]);
-                    if keys.insert(key) {
-                        if let Some(Level::Object { current, .. }) = stack.last_mut() {
-                            *current = Some(key);
+                    let known = keys.get(*first..).unwrap_or_default();
+                    let fresh = match many {
+                        Some(set) => set.insert(key),
+                        None if known.contains(&key) => false,
+                        None if known.len() < LINEAR_KEYS => {
+                            keys.push(key);
+                            true
                         }
-                    } else {
+                        // Past a few keys, a hash set, so many keys cannot make this quadratic.
+                        None => {
+                            let mut set: std::collections::HashSet<Key<'_>> =
+                                known.iter().copied().collect();
+                            set.insert(key);
+                            *many = Some(set);
+                            true
+                        }
+                    };
+                    *current = Some(key);
+                    if !fresh {
                         let path = render_path(&stack, Some(key));
                         return Err(BodyProblem::RepeatedKey { path });
                     }
@@ -207,7 +225,8 @@ pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
                 }
                 stack.push(if open == b'{' {
                     Level::Object {
-                        keys: KeySet::default(),
+                        first: keys.len(),
+                        many: None,
                         current: None,
                         expecting_key: true,
                     }
@@ -216,7 +235,9 @@ pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
                 });
             }
             b'}' | b']' => {
-                stack.pop();
+                if let Some(Level::Object { first, .. }) = stack.pop() {
+                    keys.truncate(first);
+                }
             }
             b',' => match stack.last_mut() {
                 Some(Level::Array { index }) => *index += 1,
@@ -230,17 +251,30 @@ pub fn check_structure(bytes: &[u8]) -> Result<(), BodyProblem> {
     Ok(())
 }
 
+/// How many bytes of a string are looked at one by one before a vectorised search takes over:
+/// most strings in a request are short keys and values, whose end a plain loop finds before the
+/// search has set up.
+const SHORT_STRING: usize = 24;
+
 /// The index of the closing quote of a string whose contents start at `from`.
 fn string_end(bytes: &[u8], mut from: usize) -> usize {
-    while let Some(rel) = memchr::memchr2(b'"', b'\\', &bytes[from..]) {
+    let head = bytes.len().min(from.saturating_add(SHORT_STRING));
+    while from < head {
+        match bytes[from] {
+            b'"' => return from,
+            b'\\' => from += 2,
+            _ => from += 1,
+        }
+    }
+    while let Some(rel) = bytes
+        .get(from..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
         let at = from + rel;
         if bytes[at] == b'"' {
             return at;
         }
         from = at + 2;
-        if from >= bytes.len() {
-            break;
-        }
     }
     bytes.len()
 }
@@ -257,7 +291,8 @@ impl<'a> Key<'a> {
     fn new(raw: &'a [u8]) -> Self {
         Self {
             raw,
-            escaped: memchr::memchr(b'\\', raw).is_some(),
+            // Keys are short: a plain loop, not a vectorised search that has to set up first.
+            escaped: raw.contains(&b'\\'),
         }
     }
 
@@ -319,33 +354,13 @@ impl std::hash::Hash for Key<'_> {
 /// keys cannot make the check quadratic.
 const LINEAR_KEYS: usize = 16;
 
-#[derive(Debug, Default)]
-struct KeySet<'a> {
-    few: Vec<Key<'a>>,
-    many: std::collections::HashSet<Key<'a>>,
-}
-
-impl<'a> KeySet<'a> {
-    /// Adds `key`; false when it was already there.
-    fn insert(&mut self, key: Key<'a>) -> bool {
-        if self.many.is_empty() {
-            if self.few.contains(&key) {
-                return false;
-            }
-            if self.few.len() < LINEAR_KEYS {
-                self.few.push(key);
-                return true;
-            }
-            self.many.extend(self.few.drain(..));
-        }
-        self.many.insert(key)
-    }
-}
-
 #[derive(Debug)]
 enum Level<'a> {
     Object {
-        keys: KeySet<'a>,
+        /// Where this object's keys start in the list of keys of all open objects.
+        first: usize,
+        /// All of its keys, once it has more than [`LINEAR_KEYS`].
+        many: Option<std::collections::HashSet<Key<'a>>>,
         current: Option<Key<'a>>,
         expecting_key: bool,
     },
@@ -391,6 +406,118 @@ fn render_path(stack: &[Level<'_>], last: Option<Key<'_>>) -> String {
     out
 }
 
+/// The elements of `text`, an array already known to be valid JSON (a part of a body that was
+/// parsed whole), found by brackets and quotes alone, without checking the text again; `None`
+/// when it is not an array.
+pub fn known_elements(text: &str) -> Option<KnownElements<'_>> {
+    text.starts_with('[')
+        .then_some(KnownElements { text, at: 1 })
+}
+
+/// The members of `text`, an object already known to be valid JSON, as (key, value) with the
+/// key as written between its quotes, escapes kept; `None` when it is not an object.
+pub fn known_members(text: &str) -> Option<KnownMembers<'_>> {
+    text.starts_with('{')
+        .then_some(KnownMembers { text, at: 1 })
+}
+
+pub struct KnownElements<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Iterator for KnownElements<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let bytes = self.text.as_bytes();
+        let mut i = skip_space(bytes, self.at);
+        if bytes.get(i) == Some(&b',') {
+            i = skip_space(bytes, i + 1);
+        }
+        if matches!(bytes.get(i), None | Some(b']')) {
+            return None;
+        }
+        let end = value_end(bytes, i);
+        self.at = end;
+        self.text.get(i..end)
+    }
+}
+
+pub struct KnownMembers<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Iterator for KnownMembers<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<(&'a str, &'a str)> {
+        let bytes = self.text.as_bytes();
+        let mut i = skip_space(bytes, self.at);
+        if bytes.get(i) == Some(&b',') {
+            i = skip_space(bytes, i + 1);
+        }
+        if bytes.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(bytes, i + 1);
+        let key = self.text.get(i + 1..key_end)?;
+        // Past the closing quote, the colon and the space around it.
+        let colon = skip_space(bytes, key_end + 1);
+        let start = skip_space(bytes, colon + 1);
+        let end = value_end(bytes, start);
+        self.at = end;
+        Some((key, self.text.get(start..end)?))
+    }
+}
+
+fn skip_space(bytes: &[u8], mut i: usize) -> usize {
+    while matches!(bytes.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Where the value starting at `start` ends, in text known to be valid JSON.
+fn value_end(bytes: &[u8], start: usize) -> usize {
+    match bytes.get(start) {
+        Some(b'"') => string_end(bytes, start + 1) + 1,
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            let mut i = start;
+            while let Some(&b) = bytes.get(i) {
+                match b {
+                    b'"' => {
+                        i = string_end(bytes, i + 1);
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            return i + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            bytes.len()
+        }
+        // A number or a literal runs to the next separator.
+        _ => {
+            let mut i = start;
+            while !matches!(
+                bytes.get(i),
+                None | Some(b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                i += 1;
+            }
+            i
+        }
+    }
+}
+
 /// Writes `s` as a JSON string literal.
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // serde_json's string escaping cannot fail when writing into a Vec.
@@ -424,8 +551,17 @@ pub fn type_name(raw: &RawValue) -> &'static str {
 
 /// A typed read of one raw value, with the expectation named on failure.
 pub fn as_str(raw: &RawValue) -> Result<Cow<'_, str>, Expected> {
-    if !raw.get().starts_with('"') {
+    let text = raw.get();
+    if !text.starts_with('"') {
         return Err(Expected::String);
+    }
+    // A raw value is valid JSON: a string without escapes is its text between the quotes.
+    if let Some(inner) = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .filter(|inner| !inner.contains('\\'))
+    {
+        return Ok(Cow::Borrowed(inner));
     }
     serde_json::from_str::<Cow<'_, str>>(raw.get()).map_err(|_| Expected::String)
 }
@@ -569,6 +705,60 @@ mod tests {
         );
         assert_eq!(problem(r#"{"a":1"#), "syntax");
         assert_eq!(problem(r#"{"a":1} x"#), "syntax");
+    }
+
+    /// The walks over known-valid JSON find the same pieces serde does, whatever the spacing
+    /// and whatever brackets and quotes hide inside strings.
+    #[test]
+    fn known_walks_match_serde() {
+        let texts = [
+            "[]",
+            "[ ]",
+            r#"[1,"a",null,true,{"k":[1,2]},[],-2.5e-3]"#,
+            " [ \"]\" ,\t{ \"a\\\"]\" : \"}\" }\n, [[\"[\"]] ] ",
+            r#"["a string longer than the short loop, with \"escapes\" and \\ inside", 0]"#,
+        ];
+        for text in texts {
+            let trimmed = text.trim();
+            let want: Vec<&RawValue> = serde_json::from_str(trimmed).unwrap();
+            let got: Vec<&str> = known_elements(trimmed).unwrap().collect();
+            let want: Vec<&str> = want.iter().map(|r| r.get()).collect();
+            assert_eq!(got, want, "{text}");
+        }
+        let objects = [
+            "{}",
+            "{ }",
+            r#"{"a":1,"b" : "x" , "c":{"d":[{"e":"}"}]},"e\"q":null,"f":false}"#,
+            "{\n \"k\" :\t[ 1 , 2 ] \n}",
+        ];
+        for text in objects {
+            let want: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(text).unwrap();
+            let got: Vec<(&str, &str)> = known_members(text).unwrap().collect();
+            assert_eq!(got.len(), want.len(), "{text}");
+            for ((key, value), (wk, wv)) in got.iter().zip(&want) {
+                let key: String = serde_json::from_str(&format!("\"{key}\"")).unwrap();
+                assert_eq!(&key, wk);
+                assert_eq!(
+                    &serde_json::from_str::<serde_json::Value>(value).unwrap(),
+                    wv
+                );
+            }
+        }
+        assert!(known_elements("{}").is_none());
+        assert!(known_members("[]").is_none());
+    }
+
+    #[test]
+    fn strings_read_borrowed_when_they_can() {
+        let raw: Box<RawValue> = serde_json::from_str(r#""plain""#).unwrap();
+        assert!(matches!(as_str(&raw), Ok(Cow::Borrowed("plain"))));
+        let raw: Box<RawValue> = serde_json::from_str(r#""a\nb""#).unwrap();
+        assert_eq!(as_str(&raw).unwrap(), "a\nb");
+        let raw: Box<RawValue> = serde_json::from_str(r#""""#).unwrap();
+        assert_eq!(as_str(&raw).unwrap(), "");
+        let raw: Box<RawValue> = serde_json::from_str(r#""\ud800""#).unwrap();
+        assert_eq!(as_str(&raw), Err(Expected::String));
     }
 
     #[test]

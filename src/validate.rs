@@ -406,6 +406,14 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
     let raw = obj
         .get_present("messages")
         .ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
+    if plain_messages(raw) {
+        return Ok(());
+    }
+    all_messages(raw, model, client_model)
+}
+
+/// Every rule on `messages`, for any shape of it.
+fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(), GatewayError> {
     let items = typed("messages", raw, json::as_array)?;
     if items.is_empty() {
         return Err(GatewayError::invalid(
@@ -494,6 +502,47 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
         }
     }
     Ok(())
+}
+
+/// The common shape of `messages`, accepted in one walk over text already parsed whole: every
+/// message an object with a plain role and string content. Whatever else it meets (content
+/// parts, tool calls, null content, escapes in keys, `\u` escapes in the strings it reads) it
+/// leaves to the full check, which also says what is wrong; so it accepts only what that check
+/// accepts.
+fn plain_messages(raw: &RawValue) -> bool {
+    let Some(items) = json::known_elements(raw.get()) else {
+        return false;
+    };
+    // A string whose only escapes are not `\u` ones reads as text: no lone surrogate in it.
+    let plain =
+        |v: &str| v.starts_with('"') && memchr::memmem::find(v.as_bytes(), b"\\u").is_none();
+    let mut any = false;
+    for item in items {
+        let Some(members) = json::known_members(item) else {
+            return false;
+        };
+        let (mut role, mut content, mut tool_call_id) = (None, None, None);
+        for (key, value) in members {
+            match key {
+                "role" => role = Some(value),
+                "content" => content = Some(value),
+                "tool_call_id" => tool_call_id = Some(value),
+                "tool_calls" | "function_call" if value != "null" => return false,
+                _ if key.contains('\\') => return false,
+                _ => {}
+            }
+        }
+        let role_ok = match role {
+            Some("\"system\"" | "\"developer\"" | "\"user\"" | "\"assistant\"") => true,
+            Some("\"tool\"") => tool_call_id.is_some_and(plain),
+            _ => false,
+        };
+        if !(role_ok && content.is_some_and(plain)) {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 fn required(path: &Path<'_>) -> GatewayError {
@@ -697,4 +746,148 @@ pub fn passthrough(
         Protocol::Chat => {}
     }
     Ok(bool_field(obj, "stream")?.unwrap_or(false))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    fn model() -> std::sync::Arc<Model> {
+        let text =
+            "[listen]\nbase = \"127.0.0.1:8080\"\n[[upstreams]]\nname = \"u\"\nkind = \"mock\"\n\
+                    [[models]]\nname = \"m\"\nupstream = \"u\"\n";
+        let config =
+            crate::config::Config::parse(text, std::path::Path::new("."), &|_| None).unwrap();
+        config.models[0].clone()
+    }
+
+    /// The walk accepts the common shapes, and whatever it accepts the full check accepts too;
+    /// the odd shapes are left to the full check, which refuses or accepts them itself.
+    #[test]
+    fn the_plain_walk_accepts_only_what_the_full_check_accepts() {
+        let model = model();
+        let plain = [
+            r#"[{"role":"user","content":"hi"}]"#,
+            r#"[ {"role" : "system", "content":"be \"terse\"\n"} , {"name":"x","role":"user","content":"[{]}"} ]"#,
+            r#"[{"role":"assistant","content":"ok","tool_calls":null},{"role":"tool","tool_call_id":"c1","content":""}]"#,
+            r#"[{"role":"developer","content":"\\","extra":{"a":[1,{"b":"}"}],"n":-1.5e3,"t":true}}]"#,
+        ];
+        for text in plain {
+            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
+            assert!(plain_messages(&raw), "{text}");
+            all_messages(&raw, &model, "m").unwrap();
+        }
+        let left = [
+            "[]",
+            "{}",
+            r#"[{"role":"user","content":["x"]}]"#,
+            r#"[{"role":"user","content":[{"type":"text","text":"hi"}]}]"#,
+            r#"[{"role":"user","content":null}]"#,
+            r#"[{"role":"user"}]"#,
+            r#"[{"role":"robot","content":"hi"}]"#,
+            r#"[{"role":"tool","content":"hi"}]"#,
+            r#"[{"role":"tool","content":"hi","tool_call_id":7}]"#,
+            r#"[{"role":"user","content":"\ud800"}]"#,
+            r#"[{"role":"user","content":"\u00e9"}]"#,
+            r#"[{"role":"user","content":"hi","tool_calls":[]}]"#,
+            r#"[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f"}}]}]"#,
+            r#"[{"\u0072ole":"user","content":"hi"}]"#,
+            r#"[{"role":"\u0075ser","content":"hi"}]"#,
+            r#"[{"role":"user","content":7}]"#,
+            r#"[{"role":"user","content":"hi"},"x"]"#,
+            r#"[{"role":"user","content":"hi"},null]"#,
+        ];
+        for text in left {
+            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
+            assert!(!plain_messages(&raw), "{text}");
+        }
+        // Left to the full check, some are still fine and some are refused, each as before.
+        let full = |t: &str| {
+            let raw: Box<RawValue> = serde_json::from_str(t).unwrap();
+            all_messages(&raw, &model, "m")
+        };
+        assert!(full(r#"[{"role":"user","content":"\u00e9"}]"#).is_ok());
+        assert!(full(r#"[{"\u0072ole":"user","content":"hi"}]"#).is_ok());
+        let e = full(r#"[{"role":"user","content":"\ud800"}]"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        let e = full(r#"[{"role":"tool","content":"hi"}]"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].tool_call_id"));
+    }
+
+    proptest::proptest! {
+        /// Messages put together from the pieces the two checks tell apart: whatever the walk
+        /// accepts, the full check accepts.
+        #[test]
+        fn the_walk_never_accepts_what_the_full_check_refuses(
+            messages in proptest::collection::vec(
+                (
+                    // Mostly a role, mostly a string content: the shape the walk takes.
+                    proptest::option::weighted(0.9, 0usize..8),
+                    proptest::option::weighted(0.9, 0usize..14),
+                    proptest::collection::vec((0usize..KEYS.len(), 0usize..VALUES.len()), 0..3),
+                ),
+                0..4,
+            ),
+            spaced in proptest::bool::ANY,
+        ) {
+            let sep = if spaced { " , " } else { "," };
+            let items: Vec<String> = messages
+                .iter()
+                .map(|(role, content, extra)| {
+                    // One value per key, as the body check leaves it.
+                    let mut seen = std::collections::HashSet::new();
+                    let fields = role
+                        .map(|v| (0, v))
+                        .into_iter()
+                        .chain(content.map(|v| (1, v)))
+                        .chain(extra.iter().copied());
+                    let members: Vec<String> = fields
+                        .filter(|(k, _)| seen.insert(*k))
+                        .map(|(k, v)| format!("{}:{}", KEYS[k], VALUES[v]))
+                        .collect();
+                    format!("{{{}}}", members.join(sep))
+                })
+                .collect();
+            let text = format!("[{}]", items.join(sep));
+            let raw: Box<RawValue> = serde_json::from_str(&text).unwrap();
+            if plain_messages(&raw) {
+                proptest::prop_assert!(all_messages(&raw, &model(), "m").is_ok(), "{}", text);
+            }
+        }
+    }
+
+    const KEYS: &[&str] = &[
+        r#""role""#,
+        r#""content""#,
+        r#""tool_call_id""#,
+        r#""tool_calls""#,
+        r#""function_call""#,
+        r#""name""#,
+        r#""\u0072ole""#,
+    ];
+
+    /// The first eight are roles, good and bad; the first fourteen, contents.
+    const VALUES: &[&str] = &[
+        r#""user""#,
+        r#""assistant""#,
+        r#""system""#,
+        r#""tool""#,
+        r#""developer""#,
+        r#""robot""#,
+        r#""\u0075ser""#,
+        "null",
+        r#""hi""#,
+        r#""text with \"quotes\" and ] }""#,
+        r#""\ud800""#,
+        r#""\\u0041""#,
+        r#""\n\t\\""#,
+        "[]",
+        "7",
+        r#"[{"type":"text","text":"hi"}]"#,
+        r#"[{"type":"image_url","image_url":{"url":"http://x"}}]"#,
+        r#"[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]"#,
+        r#"{"name":"f","arguments":"{}"}"#,
+        "{}",
+    ];
 }

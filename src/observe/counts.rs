@@ -7,17 +7,69 @@
 
 use crate::config::Protocol;
 use crate::ir::Usage;
-use crate::translate::lax::{lax_struct, Loose};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::translate::lax::{lax_struct, skip_seq};
+
+/// Any JSON value, kept only when it is a non-negative integer (what `Loose::as_u64` reads):
+/// an eighth of a `Loose`'s size, and the usage object is moved whole several times.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Count(Option<u64>);
+
+impl Count {
+    fn as_u64(self) -> Option<u64> {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Count, E> {
+                Ok(Count(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, seq: S) -> Result<Count, S::Error> {
+                skip_seq(seq)?;
+                Ok(Count(None))
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Count, M::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Count(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 lax_struct! {
     /// The counts a usage object may hold, in any protocol's words.
     pub(super) struct Counts<'a> {
-        prompt_tokens: Loose<'a>,
-        completion_tokens: Loose<'a>,
-        input_tokens: Loose<'a>,
-        output_tokens: Loose<'a>,
-        cache_read_input_tokens: Loose<'a>,
-        cache_creation_input_tokens: Loose<'a>,
+        prompt_tokens: Count,
+        completion_tokens: Count,
+        input_tokens: Count,
+        output_tokens: Count,
+        cache_read_input_tokens: Count,
+        cache_creation_input_tokens: Count,
         prompt = "prompt_tokens_details": Details<'a>,
         completion = "completion_tokens_details": Details<'a>,
         input = "input_tokens_details": Details<'a>,
@@ -28,10 +80,10 @@ lax_struct! {
 lax_struct! {
     /// The members of a `*_details` object that any protocol reads.
     struct Details<'a> {
-        cached_tokens: Loose<'a>,
-        cache_write_tokens: Loose<'a>,
-        reasoning_tokens: Loose<'a>,
-        thinking_tokens: Loose<'a>,
+        cached_tokens: Count,
+        cache_write_tokens: Count,
+        reasoning_tokens: Count,
+        thinking_tokens: Count,
     }
 }
 
@@ -49,9 +101,9 @@ impl Counts<'_> {
     /// Adds what `protocol` reads from this object to `into`: chat and responses replace the
     /// usage, messages (whose stream splits it over two events) merges what is present.
     pub(super) fn read_into(&self, protocol: Protocol, into: &mut Usage) {
-        let n = |v: &Loose<'_>| v.as_u64().unwrap_or(0);
+        let n = |v: &Count| v.as_u64().unwrap_or(0);
         // Chat and responses both count cache reads and writes inside the prompt's total.
-        let replace = |prompt: &Loose<'_>, details: &Details<'_>, output: &Loose<'_>, reasoning| {
+        let replace = |prompt: &Count, details: &Details<'_>, output: &Count, reasoning| {
             let cache_read = n(&details.cached_tokens);
             let cache_write = n(&details.cache_write_tokens);
             Usage {
@@ -80,7 +132,7 @@ impl Counts<'_> {
                 );
             }
             Protocol::Messages => {
-                let set = |field: &mut u64, v: &Loose<'_>| {
+                let set = |field: &mut u64, v: &Count| {
                     if let Some(v) = v.as_u64() {
                         *field = v;
                     }

@@ -238,7 +238,12 @@ impl H1Pool {
         authority: &Authority,
     ) -> Result<(Option<Box<Conn>>, HeaderValue), SendError> {
         let mut origins = self.lock();
-        let i = match origins.iter().position(|o| &o.authority == authority) {
+        // Compared as written: `Authority`'s own `==` folds case byte by byte, several hundred
+        // instructions a request, and every request to one upstream spells it the same way.
+        let i = match origins
+            .iter()
+            .position(|o| o.authority.as_str() == authority.as_str())
+        {
             Some(i) => i,
             None => {
                 // Video files may come from any host: forget the ones with nothing pooled.
@@ -275,7 +280,10 @@ impl H1Pool {
             conn.read_size = READ_SIZE;
         }
         let mut origins = self.lock();
-        if let Some(origin) = origins.iter_mut().find(|o| &o.authority == authority) {
+        if let Some(origin) = origins
+            .iter_mut()
+            .find(|o| o.authority.as_str() == authority.as_str())
+        {
             if origin.idle.len() < self.max_idle {
                 origin.idle.push(Idle {
                     conn,
