@@ -239,36 +239,51 @@ impl Line<'_> {
 /// one write, as [`Plain`] would have; the caller has checked [`access_lines_direct`] and that
 /// the filter lets the line through.
 pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
-    let mut fill = Some(fill);
-    HELD.with(|held| {
-        let Ok(mut held) = held.try_borrow_mut() else {
-            return;
-        };
-        let Some(buf) = held.as_mut() else {
-            return;
-        };
-        if let Some(fill) = fill.take() {
-            build_line(buf, target, message, fill);
-        }
-        if buf.len() >= HOLD_LIMIT {
-            write_stderr(buf);
-            buf.clear();
-        }
-    });
-    let Some(fill) = fill else {
-        return;
-    };
     with_line_buffer(|line| match line {
         Some(line) => {
-            build_line(line, target, message, fill);
+            build_line(line, SystemTime::now(), target, message, fill);
             write_stderr(line);
         }
         None => {
             let mut line = String::new();
-            build_line(&mut line, target, message, fill);
+            build_line(&mut line, SystemTime::now(), target, message, fill);
             write_stderr(&line);
         }
     });
+}
+
+/// What an access line says, kept until the line is written.
+pub trait Deferred {
+    fn fill(&self, line: &mut Line<'_>);
+}
+
+/// As [`access_line`], for a line an event loop writes once it has nothing left to run: the
+/// line is put together then too (its time is now), so neither formatting it nor dropping what
+/// it says delays the response it describes. Elsewhere it is written at once.
+pub fn access_line_later(target: &'static str, message: &'static str, what: Box<dyn Deferred>) {
+    let mut what = Some(what);
+    HELD.with(|held| {
+        let Ok(mut held) = held.try_borrow_mut() else {
+            return;
+        };
+        let Some(held) = held.as_mut() else {
+            return;
+        };
+        if let Some(what) = what.take() {
+            held.lines.push(Pending {
+                time: SystemTime::now(),
+                target,
+                message,
+                what,
+            });
+        }
+        if held.lines.len() >= HOLD_LINES {
+            held.write();
+        }
+    });
+    if let Some(what) = what {
+        access_line(target, message, |l| what.fill(l));
+    }
 }
 
 /// As tracing's stderr writer: a failed log write is not the request's failure.
@@ -276,14 +291,51 @@ fn write_stderr(text: &str) {
     let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
-/// Held lines past this many bytes are written without waiting for the loop to go idle.
-const HOLD_LIMIT: usize = 32 * 1024;
+/// Held lines past this many are written without waiting for the loop to go idle.
+const HOLD_LINES: usize = 64;
+
+/// A line held by an event loop.
+struct Pending {
+    time: SystemTime,
+    target: &'static str,
+    message: &'static str,
+    what: Box<dyn Deferred>,
+}
+
+/// An event loop's access lines not written yet, and the buffer they are written through.
+#[derive(Default)]
+struct Held {
+    lines: Vec<Pending>,
+    text: String,
+}
+
+impl Held {
+    /// Puts every held line together and writes them in one write.
+    fn write(&mut self) {
+        if self.lines.is_empty() {
+            return;
+        }
+        for p in self.lines.drain(..) {
+            build_line(&mut self.text, p.time, p.target, p.message, |l| {
+                p.what.fill(l)
+            });
+        }
+        write_stderr(&self.text);
+        self.text.clear();
+        if self.text.capacity() > MAX_KEPT_TEXT {
+            self.text = String::new();
+        }
+    }
+}
+
+/// A held-lines buffer grown past this by a burst is not kept.
+const MAX_KEPT_TEXT: usize = 64 * 1024;
 
 thread_local! {
     /// An event loop's access lines not written yet: they leave together when the loop has
     /// nothing left to run ([`flush_access_lines`], its park hook), after the responses they
     /// describe rather than before them, and in one write however many requests ended.
-    static HELD: RefCell<Option<String>> = const { RefCell::new(None) };
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
 /// Makes this thread hold its access lines until [`flush_access_lines`]: for an event loop
@@ -291,7 +343,7 @@ thread_local! {
 pub fn hold_access_lines() {
     HELD.with(|held| {
         if let Ok(mut held) = held.try_borrow_mut() {
-            held.get_or_insert_with(String::new);
+            held.get_or_insert_with(Held::default);
         }
     });
 }
@@ -299,21 +351,22 @@ pub fn hold_access_lines() {
 /// Writes the access lines this thread holds, in one write.
 pub fn flush_access_lines() {
     HELD.with(|held| {
-        let Ok(mut held) = held.try_borrow_mut() else {
-            return;
-        };
-        if let Some(buf) = held.as_mut().filter(|b| !b.is_empty()) {
-            write_stderr(buf);
-            buf.clear();
-            if buf.capacity() > 2 * HOLD_LIMIT {
-                *buf = String::new();
+        if let Ok(mut held) = held.try_borrow_mut() {
+            if let Some(held) = held.as_mut() {
+                held.write();
             }
         }
     });
 }
 
-fn build_line(line: &mut String, target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
-    write_time(line, SystemTime::now());
+fn build_line(
+    line: &mut String,
+    time: SystemTime,
+    target: &str,
+    message: &str,
+    fill: impl FnOnce(&mut Line<'_>),
+) {
+    write_time(line, time);
     line.push_str("  INFO ");
     line.push_str(target);
     line.push_str(": ");
@@ -464,6 +517,43 @@ mod tests {
         );
     }
 
+    /// On a thread that holds its lines, a line is put together only when the thread flushes
+    /// (or past the limit), and then exactly once.
+    #[test]
+    fn a_held_line_is_put_together_when_the_loop_flushes() {
+        use std::cell::Cell;
+        use std::rc::Rc;
+        struct Counted(Rc<Cell<u32>>);
+        impl Deferred for Counted {
+            fn fill(&self, line: &mut Line<'_>) {
+                self.0.set(self.0.get() + 1);
+                line.str("test", "held");
+            }
+        }
+        let filled = Rc::new(Cell::new(0));
+        // A thread of its own, so the held lines of other tests are not in the way.
+        let counts = std::thread::spawn(|| {
+            let filled = Rc::new(Cell::new(0));
+            hold_access_lines();
+            access_line_later("t", "m", Box::new(Counted(filled.clone())));
+            let before = filled.get();
+            flush_access_lines();
+            let after = filled.get();
+            flush_access_lines();
+            let again = filled.get();
+            for _ in 0..HOLD_LINES {
+                access_line_later("t", "m", Box::new(Counted(filled.clone())));
+            }
+            (before, after, again, filled.get())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(counts, (0, 1, 1, 1 + HOLD_LINES as u32));
+        // A thread that does not hold its lines writes each at once.
+        access_line_later("t", "m", Box::new(Counted(filled.clone())));
+        assert_eq!(filled.get(), 1);
+    }
+
     #[test]
     fn a_direct_access_line_reads_as_the_traced_one() {
         let method = http::Method::POST;
@@ -484,17 +574,23 @@ mod tests {
             );
         });
         let mut direct = String::new();
-        build_line(&mut direct, "modelgate::access", "request", |l| {
-            l.str("request_id", "r-1");
-            l.bare("method", method.as_str());
-            l.bare("path", "/v1/chat/completions");
-            l.opt_str("key", none);
-            l.opt_str("model", model);
-            l.u64("attempts", 2);
-            l.u64("status", 200);
-            l.ms("ttfb_ms", 12.25);
-            l.ms("duration_ms", 1500.0004);
-        });
+        build_line(
+            &mut direct,
+            SystemTime::now(),
+            "modelgate::access",
+            "request",
+            |l| {
+                l.str("request_id", "r-1");
+                l.bare("method", method.as_str());
+                l.bare("path", "/v1/chat/completions");
+                l.opt_str("key", none);
+                l.opt_str("model", model);
+                l.u64("attempts", 2);
+                l.u64("status", 200);
+                l.ms("ttfb_ms", 12.25);
+                l.ms("duration_ms", 1500.0004);
+            },
+        );
         // The timestamps differ; everything after them is the same.
         assert_eq!(direct[27..], traced[27..], "{traced}");
         assert!(direct.contains("model=\"m\\\"x\\u{1b}\""), "{direct}");

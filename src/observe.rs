@@ -451,6 +451,16 @@ struct Finisher {
     /// An answer to HEAD (whose body hyper drops unread) or an empty body: dropped unpolled, it
     /// was still sent whole.
     nothing_to_send: bool,
+    /// What the access line says beyond the record, once the request is over.
+    ended: Option<Ended>,
+}
+
+/// The figures of a finished request that its access line gives.
+struct Ended {
+    outcome: &'static str,
+    ttfb_ms: Option<f64>,
+    duration_ms: f64,
+    tokens: Tokens,
 }
 
 impl Finisher {
@@ -516,7 +526,7 @@ impl Finisher {
         self.last_chunk = Some(now);
     }
 
-    fn finish(&mut self, ended: bool) {
+    fn finish(mut self: Box<Self>, ended: bool) {
         let r = &self.record;
         let outcome = r.outcome(ended);
         let duration = r.started.elapsed();
@@ -591,29 +601,43 @@ impl Finisher {
                 "request"
             );
         } else if tracing::enabled!(target: ACCESS, tracing::Level::INFO) {
-            // The same line, without tracing's dispatch: every request writes one.
-            crate::logfmt::access_line(ACCESS, "request", |l| {
-                l.str("request_id", r.request_id.to_str().unwrap_or("-"));
-                l.str("address", r.address);
-                l.bare("method", r.method.as_str());
-                l.bare("path", &r.path);
-                l.opt_str("key", r.key.as_deref());
-                l.opt_str("model", r.model.as_deref());
-                l.opt_str("upstream", r.upstream.as_deref());
-                l.u64("attempts", u64::from(r.attempts));
-                l.opt_str("tries", tries);
-                l.u64("status", u64::from(r.status));
-                l.str("outcome", outcome);
-                if let Some(t) = ttfb_ms {
-                    l.ms("ttfb_ms", t);
-                }
-                l.ms("duration_ms", duration_ms);
-                l.u64("chunks", self.chunks);
-                l.u64("input_tokens", tokens.input);
-                l.u64("output_tokens", tokens.output);
-                l.u64("cached_tokens", tokens.cached);
+            // The same line, without tracing's dispatch: every request writes one. Put together
+            // after the response is out, with the record it describes.
+            self.ended = Some(Ended {
+                outcome,
+                ttfb_ms,
+                duration_ms,
+                tokens,
             });
+            crate::logfmt::access_line_later(ACCESS, "request", self);
         }
+    }
+}
+
+impl crate::logfmt::Deferred for Finisher {
+    fn fill(&self, l: &mut crate::logfmt::Line<'_>) {
+        let (r, Some(e)) = (&self.record, &self.ended) else {
+            return;
+        };
+        l.str("request_id", r.request_id.to_str().unwrap_or("-"));
+        l.str("address", r.address);
+        l.bare("method", r.method.as_str());
+        l.bare("path", &r.path);
+        l.opt_str("key", r.key.as_deref());
+        l.opt_str("model", r.model.as_deref());
+        l.opt_str("upstream", r.upstream.as_deref());
+        l.u64("attempts", u64::from(r.attempts));
+        l.opt_str("tries", (!r.tries.is_empty()).then_some(r.tries.as_str()));
+        l.u64("status", u64::from(r.status));
+        l.str("outcome", e.outcome);
+        if let Some(t) = e.ttfb_ms {
+            l.ms("ttfb_ms", t);
+        }
+        l.ms("duration_ms", e.duration_ms);
+        l.u64("chunks", self.chunks);
+        l.u64("input_tokens", e.tokens.input);
+        l.u64("output_tokens", e.tokens.output);
+        l.u64("cached_tokens", e.tokens.cached);
     }
 }
 
@@ -628,7 +652,7 @@ pin_project! {
 
     impl<B> PinnedDrop for Observed<B> {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(mut f) = this.project().finisher.take() {
+            if let Some(f) = this.project().finisher.take() {
                 // Dropped before its end: the client left (or the connection broke), unless
                 // there was nothing to send.
                 let ended = f.nothing_to_send;
@@ -657,6 +681,7 @@ impl<B: HttpBody> Observed<B> {
                 chunks: 0,
                 gaps: None,
                 nothing_to_send,
+                ended: None,
             })),
         }
     }
@@ -685,19 +710,19 @@ where
                 // A body that knows it is over may never be polled again: finish now, before
                 // the client can see its last byte.
                 if this.inner.is_end_stream() {
-                    if let Some(mut f) = this.finisher.take() {
+                    if let Some(f) = this.finisher.take() {
                         f.finish(true);
                     }
                 }
             }
             Poll::Ready(Some(Err(_))) => {
-                if let Some(mut f) = this.finisher.take() {
+                if let Some(f) = this.finisher.take() {
                     f.record.fate.upstream_error();
                     f.finish(true);
                 }
             }
             Poll::Ready(None) => {
-                if let Some(mut f) = this.finisher.take() {
+                if let Some(f) = this.finisher.take() {
                     f.finish(true);
                 }
             }
