@@ -3,7 +3,8 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream] [N]
+#   benches/instructions.sh [BIN] [json|stream|messages] [N]
+# (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
 set -euo pipefail
@@ -26,6 +27,11 @@ sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$wor
 printf '%b' "${GW_EXTRA:-}" >> "$work/cfg/gw.toml"
 body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
 [ "$kind" = stream ] && body="${body%\}},\"stream\":true}"
+path=/v1/chat/completions
+if [ "$kind" = messages ]; then
+    body='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}'
+    path=/v1/messages
+fi
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \
@@ -35,11 +41,11 @@ count() {
     for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
     # One warm-up request in both runs: the first request's one-time costs cancel out too.
     curl -s -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
-        -d "$body" "http://127.0.0.1:$gport/v1/chat/completions"
+        -d "$body" "http://127.0.0.1:$gport$path"
     if [ "$reqs" -gt 0 ]; then
         oha -n "$reqs" -c 1 --no-tui -m POST -H "authorization: Bearer $key" \
             -H 'content-type: application/json' -d "$body" \
-            "http://127.0.0.1:$gport/v1/chat/completions" > /dev/null
+            "http://127.0.0.1:$gport$path" > /dev/null
     fi
     sleep 0.5
     kill -INT "$pid"

@@ -13,7 +13,7 @@ use tokio::time::{Instant, Sleep};
 use crate::error::{ErrorKind, GatewayError};
 use crate::observe::Fate;
 
-pub use crate::boxed::{empty, full, Body, BoxError};
+pub use crate::boxed::{empty, full, json, Body, BoxError};
 
 /// How a passed-through stream reports a failure after its first byte, in the client's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

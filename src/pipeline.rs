@@ -1175,7 +1175,7 @@ async fn translated_response(
     let body: Body = BodyExt::boxed(upstream_body.with_reply_limit(limits.max_reply_bytes));
     let bytes = body::collect_reply(body).await?;
     let (status, value) = t.json_reply(parts.status, &bytes);
-    let mut resp = Response::new(body::full(value.to_string()));
+    let mut resp = Response::new(body::json(&value));
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(
@@ -1312,7 +1312,7 @@ fn list_models(rt: &Routing, address: Address, principal: &Principal) -> Respons
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "modelgate"}))
         .collect();
     let body = serde_json::json!({"object": "list", "data": data});
-    let mut resp = Response::new(body::full(body.to_string()));
+    let mut resp = Response::new(body::json(&body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

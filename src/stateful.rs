@@ -657,7 +657,7 @@ pub fn input_items_page(input: &[Value], query: Option<&str>) -> Result<Value, G
 
 /// A JSON answer of the gateway's own.
 pub fn json_response(value: &Value) -> Response<Body> {
-    let mut resp = Response::new(body::full(value.to_string()));
+    let mut resp = Response::new(body::json(value));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
