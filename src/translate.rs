@@ -321,8 +321,18 @@ impl Translation {
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
     pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Value) {
-        let parsed: Option<Value> = serde_json::from_slice(body).ok();
+        let not_json = || ir::ErrorInfo {
+            status: 502,
+            message: "the upstream answered with a body that is not JSON".into(),
+            code: None,
+        };
+        let to_info = |e: GatewayError| ir::ErrorInfo {
+            status: 502,
+            message: e.message,
+            code: None,
+        };
         if !status.is_success() {
+            let parsed: Option<Value> = serde_json::from_slice(body).ok();
             let info = match (&parsed, self.upstream) {
                 (Some(v), Protocol::Messages) => messages::error_from_body(status.as_u16(), v),
                 (Some(v), _) => chat::error_from_body(status.as_u16(), v),
@@ -340,29 +350,21 @@ impl Translation {
             };
             return (status, error_body(self.client, &info));
         }
-        let Some(v) = parsed else {
-            let info = ir::ErrorInfo {
-                status: 502,
-                message: "the upstream answered with a body that is not JSON".into(),
-                code: None,
-            };
-            return (StatusCode::BAD_GATEWAY, error_body(self.client, &info));
-        };
+        let value = || serde_json::from_slice::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
-            Protocol::Chat => chat::response_to_ir(&v).map_err(|e| ir::ErrorInfo {
-                status: 502,
-                message: e.message,
-                code: None,
-            }),
-            Protocol::Messages => {
-                messages::response_to_ir(&v, self.json_mode()).map_err(|e| ir::ErrorInfo {
-                    status: 502,
-                    message: e.message,
-                    code: None,
-                })
-            }
-            Protocol::Responses => responses::response_to_ir(&v),
+            // The usual answer, read straight into the few members that count: no `Value` tree.
+            Protocol::Chat => serde_json::from_slice::<chat::Reply<'_>>(body)
+                .map_err(|_| not_json())
+                .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
+            Protocol::Messages => value()
+                .and_then(|v| messages::response_to_ir(&v, self.json_mode()).map_err(to_info)),
+            Protocol::Responses => value().and_then(|v| responses::response_to_ir(&v)),
         };
+        self.reply_from(decoded)
+    }
+
+    /// The client's reply for what the upstream's reply read as, or its error.
+    fn reply_from(&self, decoded: Result<ir::Response, ir::ErrorInfo>) -> (StatusCode, Value) {
         match decoded {
             Ok(r) => (
                 StatusCode::OK,

@@ -6,6 +6,7 @@ use super::common::*;
 use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
+use crate::translate::lax::{lax_struct, Loose, Raw};
 
 mod request;
 mod stream;
@@ -61,69 +62,105 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// Reads a chat upstream's non-streamed reply.
-pub fn response_to_ir(v: &Value) -> Result<ir::Response, GatewayError> {
-    let choice = v.pointer("/choices/0").ok_or_else(|| {
-        GatewayError::new(
-            crate::error::ErrorKind::UpstreamBadResponse,
-            "the upstream reply has no choices",
-        )
-    })?;
-    let msg = choice.get("message").unwrap_or(&Value::Null);
+lax_struct! {
+    /// A chat upstream's non-streamed reply: the members [`reply_to_ir`] reads, each as `Value`'s
+    /// accessors would see it, with nothing else kept.
+    pub struct Reply<'a> {
+        id: Loose<'a>,
+        model: Loose<'a>,
+        created: Loose<'a>,
+        choices: Loose<'a, Choice<'a>>,
+        usage: Raw<'a>,
+    }
+}
+
+lax_struct! {
+    struct Choice<'a> {
+        message: Message<'a>,
+        finish_reason: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    struct Message<'a> {
+        reasoning_content: Loose<'a>,
+        reasoning: Loose<'a>,
+        content: Loose<'a>,
+        refusal: Loose<'a>,
+        tool_calls: Loose<'a, Call<'a>>,
+    }
+}
+
+lax_struct! {
+    struct Call<'a> {
+        id: Loose<'a>,
+        function: Function<'a>,
+    }
+}
+
+lax_struct! {
+    struct Function<'a> {
+        name: Loose<'a>,
+        arguments: Loose<'a>,
+    }
+}
+
+/// Reads a chat upstream's non-streamed reply: the first choice's message, its finish reason,
+/// and the usage.
+pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
+    let choice = v
+        .choices
+        .as_array()
+        .and_then(<[Choice<'_>]>::first)
+        .ok_or_else(|| {
+            GatewayError::new(
+                crate::error::ErrorKind::UpstreamBadResponse,
+                "the upstream reply has no choices",
+            )
+        })?;
+    let msg = &choice.message;
     let mut content = Vec::new();
-    if let Some(r) = msg
-        .get("reasoning_content")
-        .or_else(|| msg.get("reasoning"))
-        .and_then(Value::as_str)
-    {
-        if !r.is_empty() {
-            content.push(Part::Reasoning(Reasoning {
-                text: r.to_owned(),
-                ..Reasoning::default()
-            }));
-        }
+    // `reasoning_content` when the key is there at all, even as null; `reasoning` otherwise.
+    let reasoning = match msg.reasoning_content {
+        Loose::Absent => &msg.reasoning,
+        _ => &msg.reasoning_content,
+    };
+    if let Some(r) = reasoning.as_str().filter(|r| !r.is_empty()) {
+        content.push(Part::Reasoning(Reasoning {
+            text: r.to_owned(),
+            ..Reasoning::default()
+        }));
     }
-    if let Some(t) = msg.get("content").and_then(Value::as_str) {
-        if !t.is_empty() {
-            content.push(Part::Text(t.to_owned()));
-        }
-    }
-    if let Some(t) = msg.get("refusal").and_then(Value::as_str) {
+    if let Some(t) = msg.content.as_str().filter(|t| !t.is_empty()) {
         content.push(Part::Text(t.to_owned()));
     }
-    for c in msg
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    if let Some(t) = msg.refusal.as_str() {
+        content.push(Part::Text(t.to_owned()));
+    }
+    for c in msg.tool_calls.as_array().unwrap_or_default() {
         content.push(Part::ToolCall {
             id: c
-                .get("id")
-                .and_then(Value::as_str)
+                .id
+                .as_str()
                 .map_or_else(|| ir::mint_id("call_"), str::to_owned),
-            name: c
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            arguments: c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
+            name: c.function.name.as_str().unwrap_or("").to_owned(),
+            arguments: c.function.arguments.as_str().unwrap_or("").to_owned(),
         });
     }
+    // The usage is a few numbers: read through `Value`, by the same reader as everywhere.
+    let usage = v
+        .usage
+        .0
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .map(|u| usage_from(&u))
+        .unwrap_or_default();
     Ok(ir::Response {
-        id: str_at(v, "id"),
-        model: str_at(v, "model"),
-        created: v
-            .get("created")
-            .and_then(Value::as_u64)
-            .unwrap_or_else(ir::now_secs),
+        id: v.id.as_str().unwrap_or("").to_owned(),
+        model: v.model.as_str().unwrap_or("").to_owned(),
+        created: v.created.as_u64().unwrap_or_else(ir::now_secs),
         content,
-        finish: finish_from(choice.get("finish_reason").and_then(Value::as_str)),
-        usage: v.get("usage").map(usage_from).unwrap_or_default(),
+        finish: finish_from(choice.finish_reason.as_str()),
+        usage,
     })
 }
 
@@ -198,5 +235,90 @@ pub fn error_from_body(status: u16, v: &Value) -> ir::ErrorInfo {
             .and_then(Value::as_str)
             .or_else(|| v.pointer("/error/type").and_then(Value::as_str))
             .map(str::to_owned),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    fn read(text: &str) -> Result<ir::Response, GatewayError> {
+        reply_to_ir(&serde_json::from_str::<Reply<'_>>(text).unwrap())
+    }
+
+    /// The members are read as `Value`'s accessors read them: what is there but of another type
+    /// counts as absent, the last of a repeated key wins, and a `reasoning_content` key that is
+    /// there at all (even as null) hides `reasoning`.
+    #[test]
+    fn a_reply_reads_as_its_value_would() {
+        let r = read(
+            r#"{"id":"c1","id":"c2","model":7,"created":12,
+                "choices":[{"message":{"content":"hi","reasoning":"why","refusal":"",
+                    "tool_calls":[5,{"id":"t","function":{"name":"f","arguments":"{}"}},
+                                  {"function":[1]}]},
+                  "finish_reason":"tool_calls"},{"message":{"content":"second"}}],
+                "usage":{"prompt_tokens":10,"completion_tokens":3,
+                         "prompt_tokens_details":{"cached_tokens":4}},"extra":[{"a":"\ud800"}]}"#,
+        )
+        .unwrap();
+        assert_eq!((r.id.as_str(), r.model.as_str(), r.created), ("c2", "", 12));
+        assert_eq!(r.finish, Finish::ToolUse);
+        assert_eq!(
+            (r.usage.input, r.usage.cache_read, r.usage.output),
+            (6, 4, 3)
+        );
+        let parts: Vec<String> = r
+            .content
+            .iter()
+            .map(|p| match p {
+                Part::Reasoning(x) => format!("reasoning {}", x.text),
+                Part::Text(t) => format!("text {t}"),
+                Part::ToolCall {
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    format!(
+                        "call {} {name} {arguments}",
+                        id.starts_with("call_") || id == "t"
+                    )
+                }
+                _ => "other".to_owned(),
+            })
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                "reasoning why",
+                "text hi",
+                "text ",
+                "call true  ",
+                "call true f {}",
+                "call true  "
+            ]
+        );
+        let r = read(r#"{"choices":[{"message":{"reasoning_content":null,"reasoning":"x"}}]}"#)
+            .unwrap();
+        assert!(r.content.is_empty());
+        assert_eq!(r.finish, Finish::EndTurn);
+        assert!(r.created > 0);
+    }
+
+    #[test]
+    fn a_reply_without_a_first_choice_is_refused() {
+        for text in [
+            "{}",
+            "[]",
+            "null",
+            r#"{"choices":[]}"#,
+            r#"{"choices":{"0":{}}}"#,
+            r#"{"choices":"x"}"#,
+        ] {
+            let e = read(text).unwrap_err();
+            assert!(e.message.contains("no choices"), "{text}: {e:?}");
+        }
+        // Any value as the first choice is read, as having nothing.
+        assert!(read(r#"{"choices":[3]}"#).unwrap().content.is_empty());
     }
 }
