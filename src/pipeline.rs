@@ -1174,8 +1174,8 @@ async fn translated_response(
     }
     let body: Body = BodyExt::boxed(upstream_body.with_reply_limit(limits.max_reply_bytes));
     let bytes = body::collect_reply(body).await?;
-    let (status, value) = t.json_reply(parts.status, &bytes);
-    let mut resp = Response::new(body::json(&value));
+    let (status, reply) = t.json_reply(parts.status, &bytes);
+    let mut resp = Response::new(body::full(reply));
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(

@@ -320,7 +320,7 @@ impl Translation {
     }
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
-    pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Value) {
+    pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Vec<u8>) {
         let not_json = || ir::ErrorInfo {
             status: 502,
             message: "the upstream answered with a body that is not JSON".into(),
@@ -348,7 +348,7 @@ impl Translation {
             } else {
                 status
             };
-            return (status, error_body(self.client, &info));
+            return (status, to_bytes(&error_body(self.client, &info)));
         }
         let value = || serde_json::from_slice::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
@@ -364,23 +364,28 @@ impl Translation {
     }
 
     /// The client's reply for what the upstream's reply read as, or its error.
-    fn reply_from(&self, decoded: Result<ir::Response, ir::ErrorInfo>) -> (StatusCode, Value) {
-        match decoded {
-            Ok(r) => (
-                StatusCode::OK,
-                match self.client {
-                    Protocol::Chat => chat::ir_to_response(&r, &self.client_model),
-                    Protocol::Messages => messages::ir_to_response(&r, &self.client_model),
-                    Protocol::Responses => responses::ir_to_response(
-                        &r,
-                        &self.client_model,
-                        &self.echo(),
-                        &self.client_tools(),
-                    ),
-                },
-            ),
-            Err(info) => (StatusCode::BAD_GATEWAY, error_body(self.client, &info)),
-        }
+    fn reply_from(&self, decoded: Result<ir::Response, ir::ErrorInfo>) -> (StatusCode, Vec<u8>) {
+        let r = match decoded {
+            Ok(r) => r,
+            Err(info) => {
+                return (
+                    StatusCode::BAD_GATEWAY,
+                    to_bytes(&error_body(self.client, &info)),
+                )
+            }
+        };
+        let bytes = match self.client {
+            // The messages reply is written straight from its structs.
+            Protocol::Messages => messages::response_bytes(&r, &self.client_model),
+            Protocol::Chat => to_bytes(&chat::ir_to_response(&r, &self.client_model)),
+            Protocol::Responses => to_bytes(&responses::ir_to_response(
+                &r,
+                &self.client_model,
+                &self.echo(),
+                &self.client_tools(),
+            )),
+        };
+        (StatusCode::OK, bytes)
     }
 
     pub fn stream_decoder(&self) -> StreamDecoder {
@@ -407,6 +412,12 @@ impl Translation {
             )),
         }
     }
+}
+
+/// A value's compact text, through `io::Write` into a `Vec` (`Value`'s `Display` goes through
+/// `fmt` a piece at a time). A `Value` always serialises; the fallback is never taken.
+fn to_bytes(value: &Value) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_else(|_| value.to_string().into_bytes())
 }
 
 /// The upstream side of a stream translation: wire events → IR events.

@@ -182,5 +182,5 @@ pub fn reply_in(models: &[Arc<Model>], upstream: Protocol) -> Vec<u8> {
         return chat;
     }
     let t = translation(models, (upstream, Protocol::Chat), false);
-    serde_json::to_vec(&t.json_reply(StatusCode::OK, &chat).1).unwrap()
+    t.json_reply(StatusCode::OK, &chat).1
 }

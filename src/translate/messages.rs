@@ -1,5 +1,6 @@
 //! Anthropic Messages ⇄ IR: client requests in, upstream requests out, replies and stream events both ways.
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::common::*;
@@ -127,44 +128,129 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
     })
 }
 
-/// Writes the reply a messages client expects.
-pub fn ir_to_response(r: &ir::Response, client_model: &str) -> Value {
+/// The reply a messages client expects. Its members are declared in alphabetical order, the
+/// order `Value`'s map writes them in, so the bytes are the same whichever way it is written.
+#[derive(Serialize)]
+struct Reply<'a> {
+    content: Vec<Block<'a>>,
+    id: String,
+    model: &'a str,
+    role: &'static str,
+    stop_reason: &'static str,
+    stop_sequence: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    usage: ReplyUsage,
+}
+
+/// A content block, its members in alphabetical order with `type` among them.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Block<'a> {
+    Text {
+        text: String,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+    Thinking {
+        signature: &'a str,
+        thinking: &'a str,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+    Redacted {
+        data: &'a str,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+    ToolUse {
+        id: &'a str,
+        input: Value,
+        name: &'a str,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+}
+
+#[derive(Serialize)]
+struct ReplyUsage {
+    cache_creation_input_tokens: u64,
+    cache_read_input_tokens: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+fn reply<'a>(r: &'a ir::Response, client_model: &'a str) -> Reply<'a> {
     let mut content = Vec::new();
     for p in &r.content {
         match p {
             Part::Text(t) => match content.last_mut() {
-                Some(Value::Object(last)) if last.get("type") == Some(&json!("text")) => {
-                    let joined = format!("{}{t}", last.get("text").and_then(Value::as_str).unwrap_or(""));
-                    last.insert("text".into(), json!(joined));
-                }
-                _ => content.push(json!({"type": "text", "text": t})),
+                Some(Block::Text { text, .. }) => text.push_str(t),
+                _ => content.push(Block::Text {
+                    text: t.clone(),
+                    kind: "text",
+                }),
             },
             // Reasoning from a non-Anthropic upstream has no signature; "" says so without inventing one.
             Part::Reasoning(rs) => match &rs.redacted {
-                Some(data) => content.push(json!({"type": "redacted_thinking", "data": data})),
-                None => content.push(json!({"type": "thinking", "thinking": rs.text, "signature": rs.signature.clone().unwrap_or_default()})),
+                Some(data) => content.push(Block::Redacted {
+                    data,
+                    kind: "redacted_thinking",
+                }),
+                None => content.push(Block::Thinking {
+                    signature: rs.signature.as_deref().unwrap_or_default(),
+                    thinking: &rs.text,
+                    kind: "thinking",
+                }),
             },
-            Part::ToolCall { id, name, arguments } => {
-                let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-                content.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
+            Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } => {
+                let input = serde_json::from_str::<Value>(arguments)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                content.push(Block::ToolUse {
+                    id,
+                    input,
+                    name,
+                    kind: "tool_use",
+                });
             }
             _ => {}
         }
     }
-    let stop_sequence = match &r.finish {
-        Finish::StopSequence(s) => json!(s),
-        _ => Value::Null,
-    };
-    json!({
-        "id": reprefix(&r.id, "msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": client_model,
-        "content": content,
-        "stop_reason": finish_name(&r.finish),
-        "stop_sequence": stop_sequence,
-        "usage": usage_json(&r.usage),
-    })
+    Reply {
+        content,
+        id: reprefix(&r.id, "msg_"),
+        model: client_model,
+        role: "assistant",
+        stop_reason: finish_name(&r.finish),
+        stop_sequence: match &r.finish {
+            Finish::StopSequence(s) => s.as_deref(),
+            _ => None,
+        },
+        kind: "message",
+        usage: ReplyUsage {
+            cache_creation_input_tokens: r.usage.cache_write,
+            cache_read_input_tokens: r.usage.cache_read,
+            input_tokens: r.usage.input,
+            output_tokens: r.usage.output,
+        },
+    }
+}
+
+/// Writes the reply a messages client expects.
+pub fn ir_to_response(r: &ir::Response, client_model: &str) -> Value {
+    // Plain structs and a `Value` always serialise; the fallbacks are never taken.
+    serde_json::to_value(reply(r, client_model)).unwrap_or(Value::Null)
+}
+
+/// The same reply as [`ir_to_response`], written straight to bytes with no `Value` between.
+pub fn response_bytes(r: &ir::Response, client_model: &str) -> Vec<u8> {
+    serde_json::to_vec(&reply(r, client_model)).unwrap_or_default()
 }
 
 // === errors ===
@@ -214,3 +300,77 @@ fn status_of_error_type(t: Option<&str>) -> u16 {
 
 /// A keep-alive for Anthropic clients while the upstream is silent.
 pub const PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    /// Written straight from the structs, a reply has the bytes `Value` writes for it: the same
+    /// members, in its (alphabetical) order, at every level.
+    #[test]
+    fn reply_bytes_are_the_values_bytes() {
+        let reasoning = |text: &str, signature: Option<&str>, redacted: Option<&str>| {
+            Part::Reasoning(Reasoning {
+                text: text.to_owned(),
+                signature: signature.map(str::to_owned),
+                redacted: redacted.map(str::to_owned),
+            })
+        };
+        let call = |arguments: &str| Part::ToolCall {
+            id: "toolu_1".to_owned(),
+            name: "get \"weather\"".to_owned(),
+            arguments: arguments.to_owned(),
+        };
+        let cases = [
+            (
+                vec![Part::Text("a".into()), Part::Text("b\n".into())],
+                Finish::EndTurn,
+            ),
+            (
+                vec![
+                    reasoning("why", None, None),
+                    reasoning("", Some("sig"), None),
+                    reasoning("", None, Some("opaque")),
+                    Part::Text("é".into()),
+                ],
+                Finish::StopSequence(Some("END".into())),
+            ),
+            (
+                vec![
+                    call(r#"{"z":1,"a":[true,null]}"#),
+                    call("not json"),
+                    call("[1]"),
+                ],
+                Finish::ToolUse,
+            ),
+            (vec![], Finish::StopSequence(None)),
+            (vec![Part::Text(String::new())], Finish::MaxTokens),
+            (vec![], Finish::ContentFilter),
+        ];
+        for (content, finish) in cases {
+            let r = ir::Response {
+                id: "chatcmpl-7".into(),
+                model: "m".into(),
+                created: 1,
+                content,
+                finish,
+                usage: Usage {
+                    input: 3,
+                    cache_read: 2,
+                    cache_write: 1,
+                    output: 9,
+                    reasoning: 4,
+                },
+            };
+            let bytes = response_bytes(&r, "client-model");
+            let value = ir_to_response(&r, "client-model");
+            assert_eq!(
+                String::from_utf8(bytes).unwrap(),
+                serde_json::to_string(&value).unwrap()
+            );
+            assert_eq!(value["id"], "msg_7");
+            assert_eq!(value["type"], "message");
+        }
+    }
+}
