@@ -14,11 +14,9 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// A JSON value's compact text as a whole body. Written through `io::Write` into a `Vec`:
-/// `Value`'s `Display` goes through `fmt` a piece at a time, at several times the instructions.
+/// A JSON value's compact text as a whole body.
 pub fn json(value: &serde_json::Value) -> Body {
-    // A `Value` always serialises (its keys are strings); the fallback is never taken.
-    full(serde_json::to_vec(value).unwrap_or_else(|_| value.to_string().into_bytes()))
+    full(crate::json::to_bytes(value))
 }
 
 pub fn empty() -> Body {

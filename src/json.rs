@@ -518,6 +518,13 @@ fn value_end(bytes: &[u8], start: usize) -> usize {
     }
 }
 
+/// A value's compact text, through `io::Write` into a `Vec`: `Value`'s `Display` goes through
+/// `fmt` a piece at a time, at several times the instructions.
+pub fn to_bytes(value: &serde_json::Value) -> Vec<u8> {
+    // A `Value` always serialises (its keys are strings); the fallback is never taken.
+    serde_json::to_vec(value).unwrap_or_else(|_| value.to_string().into_bytes())
+}
+
 /// Writes `s` as a JSON string literal.
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // serde_json's string escaping cannot fail when writing into a Vec.

@@ -348,7 +348,10 @@ impl Translation {
             } else {
                 status
             };
-            return (status, to_bytes(&error_body(self.client, &info)));
+            return (
+                status,
+                crate::json::to_bytes(&error_body(self.client, &info)),
+            );
         }
         let value = || serde_json::from_slice::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
@@ -370,15 +373,15 @@ impl Translation {
             Err(info) => {
                 return (
                     StatusCode::BAD_GATEWAY,
-                    to_bytes(&error_body(self.client, &info)),
+                    crate::json::to_bytes(&error_body(self.client, &info)),
                 )
             }
         };
         let bytes = match self.client {
             // The messages reply is written straight from its structs.
             Protocol::Messages => messages::response_bytes(&r, &self.client_model),
-            Protocol::Chat => to_bytes(&chat::ir_to_response(&r, &self.client_model)),
-            Protocol::Responses => to_bytes(&responses::ir_to_response(
+            Protocol::Chat => crate::json::to_bytes(&chat::ir_to_response(&r, &self.client_model)),
+            Protocol::Responses => crate::json::to_bytes(&responses::ir_to_response(
                 &r,
                 &self.client_model,
                 &self.echo(),
@@ -412,12 +415,6 @@ impl Translation {
             )),
         }
     }
-}
-
-/// A value's compact text, through `io::Write` into a `Vec` (`Value`'s `Display` goes through
-/// `fmt` a piece at a time). A `Value` always serialises; the fallback is never taken.
-fn to_bytes(value: &Value) -> Vec<u8> {
-    serde_json::to_vec(value).unwrap_or_else(|_| value.to_string().into_bytes())
 }
 
 /// The upstream side of a stream translation: wire events → IR events.
