@@ -236,9 +236,9 @@ impl Line<'_> {
 }
 
 /// Writes one INFO line of `target` with `message` and the fields `fill` adds, to stderr in
-/// one write, as [`Plain`] would have; the caller has checked [`access_lines_direct`] and that
-/// the filter lets the line through.
-pub fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
+/// one write, as [`Plain`] would have: [`access_line_later`] on a thread that does not hold its
+/// lines.
+fn access_line(target: &str, message: &str, fill: impl FnOnce(&mut Line<'_>)) {
     with_line_buffer(|line| match line {
         Some(line) => {
             build_line(line, SystemTime::now(), target, message, fill);
@@ -257,9 +257,11 @@ pub trait Deferred {
     fn fill(&self, line: &mut Line<'_>);
 }
 
-/// As [`access_line`], for a line an event loop writes once it has nothing left to run: the
-/// line is put together then too (its time is now), so neither formatting it nor dropping what
-/// it says delays the response it describes. Elsewhere it is written at once.
+/// Writes one INFO access line, as [`Plain`] would have; the caller has checked
+/// [`access_lines_direct`] and that the filter lets the line through. An event loop writes it
+/// once it has nothing left to run, and puts it together then too (its time is now), so neither
+/// formatting it nor dropping what it says delays the response it describes. Elsewhere it is
+/// written at once.
 pub fn access_line_later(target: &'static str, message: &'static str, what: Box<dyn Deferred>) {
     let mut what = Some(what);
     HELD.with(|held| {
