@@ -43,7 +43,18 @@ pub struct RawObject<'a> {
 impl<'a> RawObject<'a> {
     /// Parses `bytes` as one JSON object.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, serde_json::Error> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
+        // Checked as UTF-8 once, whole: read from a byte slice, serde checks each key and each
+        // raw value again on its own. Invalid UTF-8 is read as bytes, for serde's error with
+        // its line and column.
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self::read(serde_json::Deserializer::from_str(text)),
+            Err(_) => Self::read(serde_json::Deserializer::from_slice(bytes)),
+        }
+    }
+
+    fn read<R: serde_json::de::Read<'a>>(
+        mut de: serde_json::Deserializer<R>,
+    ) -> Result<Self, serde_json::Error> {
         let obj = Self::deserialize(&mut de)?;
         de.end()?;
         Ok(obj)
@@ -421,6 +432,44 @@ pub fn known_members(text: &str) -> Option<KnownMembers<'_>> {
         .then_some(KnownMembers { text, at: 1 })
 }
 
+/// Walks `text`, an array already known to be valid JSON whose elements should all be objects,
+/// each element's bytes read once: `visit` gets each element's members. The count of elements,
+/// or `None` when an element is not an object or `visit` answered false (what it leaves unread
+/// of its element is skipped here).
+pub fn known_objects<'a>(
+    text: &'a str,
+    mut visit: impl FnMut(&mut KnownMembers<'a>) -> bool,
+) -> Option<usize> {
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'[') {
+        return None;
+    }
+    let (mut at, mut count) = (1, 0);
+    loop {
+        at = skip_space(bytes, at);
+        if bytes.get(at) == Some(&b',') {
+            at = skip_space(bytes, at + 1);
+        }
+        match bytes.get(at) {
+            Some(b']') => return Some(count),
+            Some(b'{') => {}
+            _ => return None,
+        }
+        let mut members = KnownMembers { text, at: at + 1 };
+        if !visit(&mut members) {
+            return None;
+        }
+        members.by_ref().for_each(drop);
+        // The members stop before the element's closing brace.
+        at = skip_space(bytes, members.at);
+        if bytes.get(at) != Some(&b'}') {
+            return None;
+        }
+        at += 1;
+        count += 1;
+    }
+}
+
 pub struct KnownElements<'a> {
     text: &'a str,
     at: usize,
@@ -754,6 +803,43 @@ mod tests {
         }
         assert!(known_elements("{}").is_none());
         assert!(known_members("[]").is_none());
+    }
+
+    /// The one-pass walk over an array of objects finds the members the two walks find, read
+    /// whole or only in part, and refuses an array with any element that is not an object.
+    #[test]
+    fn known_objects_match_the_two_walks() {
+        let arrays = [
+            "[]",
+            " [ { } , {\"a\" : 1} ]",
+            r#"[{"role":"user","content":"a } ] \" quote"},{"k":{"n":[{"x":"}"}]},"z":null}]"#,
+            "[\n{\"a\":[1,2]}\n,\t{\"b\":\"]\"}\n]",
+        ];
+        for text in arrays {
+            let want: Vec<Vec<(&str, &str)>> = known_elements(text.trim())
+                .unwrap()
+                .map(|e| known_members(e).unwrap().collect())
+                .collect();
+            let mut whole = Vec::new();
+            let n = known_objects(text.trim(), |m| {
+                whole.push(m.collect::<Vec<_>>());
+                true
+            });
+            assert_eq!(n, Some(want.len()), "{text}");
+            assert_eq!(whole, want, "{text}");
+            // Reading only each element's first member still finds every element.
+            let mut firsts = Vec::new();
+            let n = known_objects(text.trim(), |m| {
+                firsts.push(m.next());
+                true
+            });
+            assert_eq!(n, Some(want.len()), "{text}");
+            let want_firsts: Vec<_> = want.iter().map(|w| w.first().copied()).collect();
+            assert_eq!(firsts, want_firsts, "{text}");
+        }
+        assert_eq!(known_objects(r#"[{"a":1},2]"#, |_| true), None);
+        assert_eq!(known_objects(r#"[{"a":1},{"b":2}]"#, |_| false), None);
+        assert_eq!(known_objects(r#"{"a":1}"#, |_| true), None);
     }
 
     #[test]

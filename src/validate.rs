@@ -510,17 +510,14 @@ fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(),
 /// leaves to the full check, which also says what is wrong; so it accepts only what that check
 /// accepts.
 fn plain_messages(raw: &RawValue) -> bool {
-    let Some(items) = json::known_elements(raw.get()) else {
-        return false;
+    // A string without `\u` escapes reads as text: no lone surrogate in it. A `\\u` (an escaped
+    // backslash, then a `u`) is taken for one too, and left to the full check.
+    let plain = |v: &str| {
+        v.starts_with('"')
+            && memchr::memchr_iter(b'\\', v.as_bytes())
+                .all(|i| v.as_bytes().get(i + 1) != Some(&b'u'))
     };
-    // A string whose only escapes are not `\u` ones reads as text: no lone surrogate in it.
-    let plain =
-        |v: &str| v.starts_with('"') && memchr::memmem::find(v.as_bytes(), b"\\u").is_none();
-    let mut any = false;
-    for item in items {
-        let Some(members) = json::known_members(item) else {
-            return false;
-        };
+    let count = json::known_objects(raw.get(), |members| {
         let (mut role, mut content, mut tool_call_id) = (None, None, None);
         for (key, value) in members {
             match key {
@@ -537,12 +534,9 @@ fn plain_messages(raw: &RawValue) -> bool {
             Some("\"tool\"") => tool_call_id.is_some_and(plain),
             _ => false,
         };
-        if !(role_ok && content.is_some_and(plain)) {
-            return false;
-        }
-        any = true;
-    }
-    any
+        role_ok && content.is_some_and(plain)
+    });
+    count.is_some_and(|n| n > 0)
 }
 
 fn required(path: &Path<'_>) -> GatewayError {

@@ -62,24 +62,24 @@ impl Conn {
         if self.buf.capacity() - self.buf.len() < self.read_size / 4 {
             self.buf.reserve(self.read_size);
         }
-        loop {
-            ready!(self.io.poll_read_ready(cx))?;
-            let room = self.buf.capacity() - self.buf.len();
-            match self.io.try_read_buf(&mut self.buf) {
-                Ok(n) => {
-                    if n == room && self.read_size < MAX_READ_SIZE {
-                        self.read_size *= 2;
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        let room = self.buf.capacity() - self.buf.len();
+        // Through `AsyncRead`, not `try_read_buf`: a read that does not fill the room tells tokio
+        // the socket is drained, so the idle check before the connection's next request needs no
+        // system call of its own unless the upstream has written (or closed) since.
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.buf
+        ))?;
+        if n == room && self.read_size < MAX_READ_SIZE {
+            self.read_size *= 2;
         }
+        Poll::Ready(Ok(n))
     }
 
     /// True when the idle connection can take a request: the upstream has neither closed it nor
-    /// sent anything unasked.
+    /// sent anything unasked. The probe reads only if the runtime saw the socket become readable
+    /// since its last read drained it; otherwise it answers `WouldBlock` without a system call.
     fn usable(&mut self) -> bool {
         if !self.buf.is_empty() {
             return false;
