@@ -279,34 +279,34 @@ pub struct Selector {
     chain: Vec<(Arc<Model>, String)>,
     /// Position in `chain` of the model being tried.
     pos: usize,
-    /// Per model of the chain, per target: tried in this round.
-    tried: Vec<Vec<bool>>,
-    /// Per model of the chain, per target: not to be tried again for this request (its
-    /// retry-after is too long, or it cannot express the request).
-    excluded: Vec<Vec<bool>>,
-    /// Per model of the chain, per target: an honoured retry-after runs until then.
-    not_before: Vec<Vec<Option<Instant>>>,
+    /// Where the request stands with each target: the chain's models' targets one after another,
+    /// in one list (most requests have one model with one target).
+    slots: Vec<Slot>,
+    /// The targets still open in the current round, kept so each pick does not allocate.
+    open: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// Tried in this round.
+    tried: bool,
+    /// Not to be tried again for this request (its retry-after is too long, or it cannot
+    /// express the request).
+    excluded: bool,
+    /// An honoured retry-after runs until then.
+    not_before: Option<Instant>,
 }
 
 impl Selector {
     /// `chain` is the requested model followed by its resolved fallbacks, each with the name
     /// it was asked by.
     pub fn new(chain: Vec<(Arc<Model>, String)>) -> Self {
-        let shape = |v| {
-            chain
-                .iter()
-                .map(|(m, _)| vec![v; m.targets.len()])
-                .collect()
-        };
+        let targets = chain.iter().map(|(m, _)| m.targets.len()).sum();
         Self {
-            tried: shape(false),
-            excluded: shape(false),
-            not_before: chain
-                .iter()
-                .map(|(m, _)| vec![None; m.targets.len()])
-                .collect(),
+            slots: vec![Slot::default(); targets],
             chain,
             pos: 0,
+            open: Vec::new(),
         }
     }
 
@@ -315,17 +315,31 @@ impl Selector {
         &self.chain[0].0
     }
 
+    /// The slots of the chain's `p`-th model's targets.
+    fn slots(&mut self, p: usize) -> &mut [Slot] {
+        let start: usize = self.chain[..p].iter().map(|(m, _)| m.targets.len()).sum();
+        let len = self.chain[p].0.targets.len();
+        &mut self.slots[start..start + len]
+    }
+
     /// The next target to try, or `None` when every target is excluded.
     pub fn next(&mut self, rt: &Runtime) -> Option<Pick> {
         loop {
             let (m, name) = self.chain.get(self.pos)?.clone();
             let p = self.pos;
-            let open: Vec<usize> = (0..m.targets.len())
-                .filter(|&i| !self.tried[p][i] && !self.excluded[p][i])
-                .collect();
-            if !open.is_empty() {
-                let (index, probe) = choose(rt, &m, &open);
-                self.tried[p][index] = true;
+            let mut open = std::mem::take(&mut self.open);
+            open.clear();
+            open.extend(
+                self.slots(p)
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !s.tried && !s.excluded)
+                    .map(|(i, _)| i),
+            );
+            let found = (!open.is_empty()).then(|| choose(rt, &m, &open));
+            self.open = open;
+            if let Some((index, probe)) = found {
+                self.slots(p)[index].tried = true;
                 return Some(Pick {
                     model: m,
                     name,
@@ -338,17 +352,18 @@ impl Selector {
                 continue;
             }
             // The last model: another round over its targets, if any may still be tried.
-            if self.excluded[p].iter().all(|e| *e) {
+            let last = self.slots(p);
+            if last.iter().all(|s| s.excluded) {
                 return None;
             }
-            self.tried[p].iter_mut().for_each(|t| *t = false);
+            last.iter_mut().for_each(|s| s.tried = false);
         }
     }
 
     /// Keeps `pick`'s target out of the rest of this request.
     pub fn exclude(&mut self, pick: &Pick) {
-        if let Some(p) = self.position(pick) {
-            self.excluded[p][pick.index] = true;
+        if let Some(slot) = self.slot(pick) {
+            slot.excluded = true;
         }
     }
 
@@ -357,14 +372,14 @@ impl Selector {
     pub fn retry_after(&mut self, pick: &Pick, after: Duration, policy: &RetryPolicy) {
         if after > policy.retry_after_max {
             self.exclude(pick);
-        } else if let Some(p) = self.position(pick) {
-            self.not_before[p][pick.index] = Some(Instant::now() + after);
+        } else if let Some(slot) = self.slot(pick) {
+            slot.not_before = Some(Instant::now() + after);
         }
     }
 
     /// How long to wait before `pick`, the `retry`-th retry: full-jitter exponential backoff,
     /// or the target's own retry-after when that is longer.
-    pub fn pause(&self, pick: &Pick, retry: u32, policy: &RetryPolicy) -> Duration {
+    pub fn pause(&mut self, pick: &Pick, retry: u32, policy: &RetryPolicy) -> Duration {
         let exp = retry.saturating_sub(1).min(20);
         let cap = policy
             .backoff
@@ -372,17 +387,20 @@ impl Selector {
             .min(policy.max_backoff);
         let jitter = cap.mul_f64(fastrand::f64());
         let until = self
-            .position(pick)
-            .and_then(|p| self.not_before[p][pick.index])
+            .slot(pick)
+            .and_then(|s| s.not_before)
             .map(|t| t.saturating_duration_since(Instant::now()))
             .unwrap_or_default();
         jitter.max(until)
     }
 
-    fn position(&self, pick: &Pick) -> Option<usize> {
-        self.chain
+    /// The slot of `pick`'s target.
+    fn slot(&mut self, pick: &Pick) -> Option<&mut Slot> {
+        let p = self
+            .chain
             .iter()
-            .position(|(m, _)| Arc::ptr_eq(m, &pick.model))
+            .position(|(m, _)| Arc::ptr_eq(m, &pick.model))?;
+        self.slots(p).get_mut(pick.index)
     }
 }
 
