@@ -1074,14 +1074,12 @@ async fn send(
             ),
         )
     })?;
-    let req = upstream::build_request(
-        upstream,
-        uri,
-        client_headers,
-        request_id,
-        encoded.body.clone(),
-    )?;
-    let resp = gw.services.client.send(upstream, req).await?;
+    let headers = upstream::Headers::forward(upstream, request_id, client_headers);
+    let resp = gw
+        .services
+        .client
+        .send_forward(upstream, uri, headers, encoded.body.clone())
+        .await?;
     let resp = upstream::check_answer(upstream, resp, stream, gw.services.limits.max_reply_bytes)?;
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");

@@ -156,12 +156,52 @@ impl UpstreamClient {
                     Err(e) => Err(classify_plain(upstream, e)),
                 }
             } else {
-                match self.client.request(req).await {
-                    Ok(resp) => Ok(resp.map(|b| UpstreamIncoming::Shared(Coalesce::new(b)))),
-                    Err(e) => Err(classify(upstream, e)),
-                }
+                self.shared(upstream, req).await
             }
         };
+        self.timed(upstream, fut).await
+    }
+
+    /// Sends a client's request, `body` with `headers`, as a POST to `uri`; to a plain-HTTP
+    /// upstream its head is written straight from `headers`, with no request built first.
+    pub async fn send_forward(
+        &self,
+        upstream: &Upstream,
+        uri: Uri,
+        headers: Headers<'_>,
+        body: Bytes,
+    ) -> Result<Response<UpstreamIncoming>, GatewayError> {
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
+            let req = request(Method::POST, uri, headers.to_map(), body);
+            return self.send(upstream, req).await;
+        }
+        let fut = async {
+            let emit = |e: &mut h1::codec::Emit<'_>| headers.each(e);
+            match self.plain.send_with(&Method::POST, &uri, emit, body).await {
+                Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
+                Err(e) => Err(classify_plain(&upstream.name, e)),
+            }
+        };
+        self.timed(&upstream.name, fut).await
+    }
+
+    async fn shared(
+        &self,
+        upstream: &str,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamIncoming>, GatewayError> {
+        match self.client.request(req).await {
+            Ok(resp) => Ok(resp.map(|b| UpstreamIncoming::Shared(Coalesce::new(b)))),
+            Err(e) => Err(classify(upstream, e)),
+        }
+    }
+
+    /// `fut`, given up once the first-byte timeout passes.
+    async fn timed(
+        &self,
+        upstream: &str,
+        fut: impl std::future::Future<Output = Result<Response<UpstreamIncoming>, GatewayError>>,
+    ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         match tokio::time::timeout(self.first_byte_timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(GatewayError::upstream(
@@ -350,6 +390,154 @@ fn forwarded_to(upstream: &Upstream, name: &HeaderName) -> bool {
     }
 }
 
+/// The headers of a request to an upstream, handed out one by one with no map between, so the
+/// plain-HTTP client writes them straight onto the wire: the gateway's own (the body's type, the
+/// request id, and unless leaving the upstream's origin its credential, its configured headers
+/// and Anthropic's version), then the client's that may go on.
+///
+/// Where both set a header, the gateway's wins; except a client's Anthropic version and betas,
+/// which win over the config's (defaults). A repeated client header keeps every value. Of the
+/// gateway's own, a configured header wins over a built-in one of the same name.
+pub struct Headers<'a> {
+    upstream: &'a Upstream,
+    request_id: &'a HeaderValue,
+    json_body: bool,
+    credential: bool,
+    client: Option<&'a HeaderMap>,
+}
+
+impl<'a> Headers<'a> {
+    /// The headers of a call the gateway makes on its own (no client headers).
+    pub fn call(
+        upstream: &'a Upstream,
+        request_id: &'a HeaderValue,
+        json_body: bool,
+        credential: bool,
+    ) -> Self {
+        Self {
+            upstream,
+            request_id,
+            json_body,
+            credential,
+            client: None,
+        }
+    }
+
+    /// The headers of a client's request (a JSON body) on its way to `upstream`.
+    pub fn forward(
+        upstream: &'a Upstream,
+        request_id: &'a HeaderValue,
+        client: &'a HeaderMap,
+    ) -> Self {
+        Self {
+            upstream,
+            request_id,
+            json_body: true,
+            credential: true,
+            client: Some(client),
+        }
+    }
+
+    /// The header the upstream's credential goes in, when it has one and it is sent.
+    fn credential_name(&self) -> Option<HeaderName> {
+        self.upstream
+            .credential
+            .as_ref()
+            .filter(|_| self.credential)?;
+        Some(match self.upstream.kind {
+            UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
+            UpstreamKind::VeoGemini => HeaderName::from_static("x-goog-api-key"),
+            _ => header::AUTHORIZATION,
+        })
+    }
+
+    fn configured(&self, name: &HeaderName) -> bool {
+        self.credential && self.upstream.headers.iter().any(|(n, _)| n == name)
+    }
+
+    fn anthropic_default(&self) -> bool {
+        self.credential && self.upstream.kind == UpstreamKind::Messages
+    }
+
+    /// True when the gateway sets `name` itself.
+    fn ours(&self, name: &HeaderName, credential: Option<&HeaderName>) -> bool {
+        (self.json_body && name == header::CONTENT_TYPE)
+            || name.as_str() == "x-request-id"
+            || credential == Some(name)
+            || self.configured(name)
+            || (self.anthropic_default() && name.as_str() == "anthropic-version")
+    }
+
+    /// Hands every header to `emit`, in the order they go out.
+    pub fn each(&self, emit: &mut h1::codec::Emit<'_>) {
+        let up = self.upstream;
+        let listed = self.client.map(connection_listed).unwrap_or_default();
+        let forwarded = |name: &HeaderName| {
+            !never_forwarded(name)
+                && forwarded_to(up, name)
+                && !listed.iter().any(|l| l == name.as_str())
+        };
+        // A client's Anthropic version or beta replaces a default of the gateway's.
+        let client_wins = |name: &HeaderName| {
+            name.as_str().starts_with("anthropic-")
+                && (self.configured(name) || name.as_str() == "anthropic-version")
+                && self.client.is_some_and(|c| c.contains_key(name))
+                && forwarded(name)
+        };
+        let credential = self.credential_name();
+        let mut own = |name: &HeaderName, value: &HeaderValue| {
+            if !client_wins(name) {
+                emit(name, value);
+            }
+        };
+        if self.json_body && !self.configured(&header::CONTENT_TYPE) {
+            own(
+                &header::CONTENT_TYPE,
+                &HeaderValue::from_static("application/json"),
+            );
+        }
+        let request_id = HeaderName::from_static("x-request-id");
+        if !self.configured(&request_id) {
+            own(&request_id, self.request_id);
+        }
+        if let (Some(name), Some(cred)) = (&credential, &up.credential) {
+            if !self.configured(name) {
+                own(name, cred.header_value());
+            }
+        }
+        if self.credential {
+            for (i, (name, value)) in up.headers.iter().enumerate() {
+                // Two spellings of one name in the config: the last is the one set.
+                if !up.headers[i + 1..].iter().any(|(n, _)| n == name) {
+                    own(name, value);
+                }
+            }
+        }
+        let version = HeaderName::from_static("anthropic-version");
+        if self.anthropic_default() && !self.configured(&version) {
+            own(&version, &HeaderValue::from_static(ANTHROPIC_VERSION));
+        }
+        let Some(client) = self.client else {
+            return;
+        };
+        for (name, value) in client {
+            if forwarded(name) && (!self.ours(name, credential.as_ref()) || client_wins(name)) {
+                emit(name, value);
+            }
+        }
+    }
+
+    /// The headers in a map, for a client that takes one.
+    pub fn to_map(&self) -> HeaderMap {
+        // Room for what the gateway and a typical client set, so no insert grows the map.
+        let mut map = HeaderMap::with_capacity(12);
+        self.each(&mut |name, value| {
+            map.append(name.clone(), value.clone());
+        });
+        map
+    }
+}
+
 /// Builds the upstream request: the allowed client headers, the upstream's credential and headers.
 pub fn build_request(
     upstream: &Upstream,
@@ -358,55 +546,17 @@ pub fn build_request(
     request_id: &HeaderValue,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let listed = connection_listed(client_headers);
-    let mut req = build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
-    // The client's headers go under the gateway's own; a client's Anthropic version and betas
-    // win over the config's, which are defaults. A repeated client header keeps every value.
-    let mut taken: Vec<&HeaderName> = Vec::new();
-    for (name, value) in client_headers {
-        if never_forwarded(name)
-            || !forwarded_to(upstream, name)
-            || listed.iter().any(|l| l == name.as_str())
-        {
-            continue;
-        }
-        if taken.contains(&name) {
-            req.headers_mut().append(name.clone(), value.clone());
-            continue;
-        }
-        let ours = req.headers().contains_key(name);
-        if !ours || (name.as_str().starts_with("anthropic-") && upstream_default(upstream, name)) {
-            req.headers_mut().insert(name.clone(), value.clone());
-            taken.push(name);
-        }
-    }
-    Ok(req)
+    let headers = Headers::forward(upstream, request_id, client_headers);
+    Ok(request(Method::POST, uri, headers.to_map(), body))
 }
 
-/// True when `name` was set only as a configured default (or the built-in Anthropic version).
-fn upstream_default(upstream: &Upstream, name: &HeaderName) -> bool {
-    upstream.headers.iter().any(|(n, _)| n == name) || name.as_str() == "anthropic-version"
-}
-
-/// The upstream's credential, in the header its kind expects, and its configured headers.
-fn add_credential(upstream: &Upstream, headers: &mut HeaderMap) {
-    if let Some(cred) = &upstream.credential {
-        let name = match upstream.kind {
-            UpstreamKind::Messages => HeaderName::from_static("x-api-key"),
-            UpstreamKind::VeoGemini => HeaderName::from_static("x-goog-api-key"),
-            _ => header::AUTHORIZATION,
-        };
-        headers.insert(name, cred.header_value().clone());
-    }
-    for (name, value) in &upstream.headers {
-        headers.insert(name.clone(), value.clone());
-    }
-    if upstream.kind == UpstreamKind::Messages && !headers.contains_key("anthropic-version") {
-        headers.insert(
-            HeaderName::from_static("anthropic-version"),
-            HeaderValue::from_static(ANTHROPIC_VERSION),
-        );
-    }
+fn request(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Request<Full<Bytes>> {
+    // Set in place: the builder's parts go through a `Result` at every step.
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    req
 }
 
 /// Response headers from an upstream that may go on to the client (gateway.md §14).
@@ -431,24 +581,13 @@ pub fn build_call(
     body: Option<Bytes>,
     credential: bool,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    // Room for what the gateway and a typical client set, so no insert grows the map.
-    let mut headers = HeaderMap::with_capacity(12);
-    if body.is_some() {
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-    }
-    headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
-    if credential {
-        add_credential(upstream, &mut headers);
-    }
-    // Set in place: the builder's parts go through a `Result` at every step.
-    let mut req = Request::new(Full::new(body.unwrap_or_default()));
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    Ok(req)
+    let headers = Headers::call(upstream, request_id, body.is_some(), credential);
+    Ok(request(
+        method,
+        uri,
+        headers.to_map(),
+        body.unwrap_or_default(),
+    ))
 }
 
 /// Refuses an upstream answer that must not reach the client as it is (gateway.md §14): a
@@ -524,4 +663,87 @@ pub fn check_answer(
     // hyper would write an upstream's own reason phrase ("400 Bad") into the client's status line.
     resp.extensions_mut().remove::<hyper::ext::ReasonPhrase>();
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    fn upstream(kind: &str, extra: &str) -> Arc<Upstream> {
+        let text = format!(
+            "[listen]\nbase = \"127.0.0.1:8080\"\n[[upstreams]]\nname = \"u\"\nkind = \"{kind}\"\n\
+             base_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"K\"\n{extra}\n\
+             [[models]]\nname = \"m\"\nupstream = \"u\"\n"
+        );
+        let env = |name: &str| (name == "K").then(|| "sk-up".to_owned());
+        let config = crate::config::Config::parse(&text, std::path::Path::new("."), &env).unwrap();
+        config.upstreams[0].clone()
+    }
+
+    fn emitted(h: &Headers<'_>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        h.each(&mut |n, v| out.push((n.to_string(), v.to_str().unwrap().to_owned())));
+        out
+    }
+
+    /// The headers an upstream gets, as the wire writer and the map both see them: the
+    /// gateway's own first, a client's Anthropic version and betas over the config's defaults,
+    /// the gateway's other headers over the client's, every value of a repeated client header,
+    /// and nothing hop-by-hop, listed in `connection`, or not meant for upstreams.
+    #[test]
+    fn the_gateway_and_client_headers_merge_by_their_rules() {
+        let up = upstream(
+            "messages",
+            "headers = { \"anthropic-beta\" = \"config-beta\", \"x-team\" = \"t1\" }",
+        );
+        let mut client = HeaderMap::new();
+        for (n, v) in [
+            ("anthropic-beta", "b1"),
+            ("anthropic-beta", "b2"),
+            ("x-request-id", "client-id"),
+            ("content-type", "text/plain"),
+            ("user-agent", "ua"),
+            ("connection", "keep-alive, accept"),
+            ("accept", "*/*"),
+            ("cookie", "c=1"),
+            ("authorization", "Bearer client-key"),
+        ] {
+            client.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let id = HeaderValue::from_static("gw-id");
+        let headers = Headers::forward(&up, &id, &client);
+        let got = emitted(&headers);
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            got,
+            pairs(&[
+                ("content-type", "application/json"),
+                ("x-request-id", "gw-id"),
+                ("x-api-key", "sk-up"),
+                ("x-team", "t1"),
+                ("anthropic-version", ANTHROPIC_VERSION),
+                ("anthropic-beta", "b1"),
+                ("anthropic-beta", "b2"),
+                ("user-agent", "ua"),
+            ])
+        );
+        let map = headers.to_map();
+        let from_map: Vec<(String, String)> = map
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let (mut a, mut b) = (got.clone(), from_map);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+
+        // A call that leaves the upstream's origin carries nothing of the upstream's.
+        let call = Headers::call(&up, &id, false, false);
+        assert_eq!(emitted(&call), pairs(&[("x-request-id", "gw-id")]));
+    }
 }

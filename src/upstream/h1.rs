@@ -154,26 +154,31 @@ impl H1Pool {
         req: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, SendError> {
         let (parts, body) = req.into_parts();
-        let authority = parts
-            .uri
-            .authority()
-            .cloned()
-            .ok_or(SendError::NoAuthority)?;
-        let (idle, host) = self.checkout(&authority)?;
         let body = full_bytes(body);
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let inline = body.len() <= INLINE_BODY;
-        let mut wire = Vec::with_capacity(
-            256 + parts.headers.len() * 48 + if inline { body.len() } else { 0 },
-        );
-        codec::write_head(
-            &mut wire,
+        self.send_with(
             &parts.method,
-            target,
-            &host,
-            &parts.headers,
-            body.len(),
-        );
+            &parts.uri,
+            codec::map_headers(&parts.headers),
+            body,
+        )
+        .await
+    }
+
+    /// [`send`](Self::send) for a request whose headers `headers` hands to an emitter, written
+    /// straight onto the wire with no header map between.
+    pub async fn send_with(
+        self: &Arc<Self>,
+        method: &Method,
+        uri: &Uri,
+        headers: impl FnOnce(&mut codec::Emit<'_>),
+        body: Bytes,
+    ) -> Result<Response<PooledBody>, SendError> {
+        let authority = uri.authority().cloned().ok_or(SendError::NoAuthority)?;
+        let (idle, host) = self.checkout(&authority)?;
+        let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let inline = body.len() <= INLINE_BODY;
+        let mut wire = Vec::with_capacity(512 + if inline { body.len() } else { 0 });
+        codec::write_head(&mut wire, method, target, &host, headers, body.len());
         let rest = match inline {
             true => {
                 wire.extend_from_slice(&body);
@@ -182,7 +187,7 @@ impl H1Pool {
             false => body,
         };
         let out = Outgoing {
-            method: parts.method,
+            method: method.clone(),
             wire,
             rest,
         };
@@ -196,7 +201,7 @@ impl H1Pool {
                 Err(Failure::Closed) => return Err(SendError::Closed),
             }
         }
-        let conn = self.connect(parts.uri).await?;
+        let conn = self.connect(uri.clone()).await?;
         match exchange(conn, &out, false).await {
             Ok((head, conn)) => Ok(self.wrap(head, conn, authority)),
             Err(Failure::NotSent | Failure::Closed) => Err(SendError::Closed),

@@ -27,35 +27,54 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// Takes a request's headers one by one, as [`write_head`] asks for them.
+pub type Emit<'e> = dyn FnMut(&HeaderName, &HeaderValue) + 'e;
+
 /// Writes a request head: the request line, `Host` unless the headers carry one, the headers
-/// (their own framing headers dropped), and the body's `content-length`. GET and HEAD without a
-/// body send none, as clients do.
+/// `headers` hands to its emitter (their own framing headers dropped), and the body's
+/// `content-length`. GET and HEAD without a body send none, as clients do.
 pub fn write_head(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
     host: &HeaderValue,
-    headers: &HeaderMap,
+    headers: impl FnOnce(&mut Emit<'_>),
     body_len: usize,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if !headers.contains_key(header::HOST) {
-        line(out, b"host", host.as_bytes());
-    }
-    for (name, value) in headers {
+    // `Host` goes first, as clients send it; taken out again in the rare case the headers
+    // bring their own.
+    let host_at = out.len();
+    line(out, b"host", host.as_bytes());
+    let host_end = out.len();
+    let mut own_host = false;
+    headers(&mut |name, value| {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
-            continue;
+            return;
         }
+        own_host |= name == header::HOST;
         line(out, name.as_str().as_bytes(), value.as_bytes());
+    });
+    if own_host {
+        out.drain(host_at..host_end);
     }
     if body_len > 0 || !(method == Method::GET || method == Method::HEAD) {
         let mut digits = itoa::Buffer::new();
         line(out, b"content-length", digits.format(body_len).as_bytes());
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Hands every header of `map` to an emitter, for [`write_head`].
+pub fn map_headers(map: &HeaderMap) -> impl FnOnce(&mut Emit<'_>) + '_ {
+    move |emit| {
+        for (name, value) in map {
+            emit(name, value);
+        }
+    }
 }
 
 fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -552,16 +571,45 @@ mod tests {
         headers.insert("content-length", HeaderValue::from_static("999"));
         let mut out = Vec::new();
         let host = HeaderValue::from_static("up:8080");
-        write_head(&mut out, &Method::POST, "/v1/x?y=1", &host, &headers, 12);
+        write_head(
+            &mut out,
+            &Method::POST,
+            "/v1/x?y=1",
+            &host,
+            map_headers(&headers),
+            12,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/x?y=1 HTTP/1.1\r\nhost: up:8080\r\nx-request-id: r1\r\ncontent-length: 12\r\n\r\n"
         );
         let mut out = Vec::new();
-        write_head(&mut out, &Method::GET, "/", &host, &HeaderMap::new(), 0);
+        write_head(
+            &mut out,
+            &Method::GET,
+            "/",
+            &host,
+            map_headers(&HeaderMap::new()),
+            0,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET / HTTP/1.1\r\nhost: up:8080\r\n\r\n"
+        );
+        // A `Host` of the request's own replaces the authority's, and stays the only one.
+        headers.insert("host", HeaderValue::from_static("virtual.example"));
+        let mut out = Vec::new();
+        write_head(
+            &mut out,
+            &Method::POST,
+            "/",
+            &host,
+            map_headers(&headers),
+            0,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST / HTTP/1.1\r\nx-request-id: r1\r\nhost: virtual.example\r\ncontent-length: 0\r\n\r\n"
         );
     }
 }
