@@ -171,18 +171,22 @@ impl UpstreamClient {
         headers: Headers<'_>,
         body: Bytes,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
-        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
-            let req = request(Method::POST, uri, headers.to_map(), body);
-            return self.send(upstream, req).await;
-        }
-        let fut = async {
-            let emit = |e: &mut h1::codec::Emit<'_>| headers.each(e);
-            match self.plain.send_with(&Method::POST, &uri, emit, body).await {
-                Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
-                Err(e) => Err(classify_plain(&upstream.name, e)),
+        let name = upstream.name.as_str();
+        let plain = uri.scheme() == Some(&http::uri::Scheme::HTTP);
+        // One future for both ways, so the request's future is sized for the larger, not both.
+        let fut = async move {
+            if plain {
+                let emit = |e: &mut h1::codec::Emit<'_>| headers.each(e);
+                match self.plain.send_with(&Method::POST, &uri, emit, body).await {
+                    Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
+                    Err(e) => Err(classify_plain(name, e)),
+                }
+            } else {
+                let req = request(Method::POST, uri, headers.to_map(), body);
+                self.shared(name, req).await
             }
         };
-        self.timed(&upstream.name, fut).await
+        self.timed(name, fut).await
     }
 
     async fn shared(
