@@ -565,7 +565,7 @@ async fn stored_response(
         uri.push_str(q);
     }
     let uri: http::Uri = uri.parse().map_err(|_| stateful::not_found(&id))?;
-    let call = upstream::build_call(&upstream, method.clone(), uri, &ctx.request_id, None, true)?;
+    let call = upstream::build_call(&upstream, method.clone(), uri, &ctx.request_id, None, true);
     ctx.attempts = 1;
     ctx.upstream = Some(upstream_name.clone());
     let started = Instant::now();
@@ -642,7 +642,7 @@ async fn count_tokens(
         let body =
             crate::passthrough::rename_model(&bytes, obj, (name != client_model).then_some(name));
         let req =
-            upstream::build_request(&target.upstream, uri, &parts.headers, &ctx.request_id, body)?;
+            upstream::build_request(&target.upstream, uri, &parts.headers, &ctx.request_id, body);
         ctx.attempts = 1;
         ctx.upstream = Some(target.upstream.name.clone());
         let started = Instant::now();

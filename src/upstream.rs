@@ -549,9 +549,9 @@ pub fn build_request(
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
     body: Bytes,
-) -> Result<Request<Full<Bytes>>, GatewayError> {
+) -> Request<Full<Bytes>> {
     let headers = Headers::forward(upstream, request_id, client_headers);
-    Ok(request(Method::POST, uri, headers.to_map(), body))
+    request(Method::POST, uri, headers.to_map(), body)
 }
 
 fn request(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Request<Full<Bytes>> {
@@ -584,14 +584,9 @@ pub fn build_call(
     request_id: &HeaderValue,
     body: Option<Bytes>,
     credential: bool,
-) -> Result<Request<Full<Bytes>>, GatewayError> {
+) -> Request<Full<Bytes>> {
     let headers = Headers::call(upstream, request_id, body.is_some(), credential);
-    Ok(request(
-        method,
-        uri,
-        headers.to_map(),
-        body.unwrap_or_default(),
-    ))
+    request(method, uri, headers.to_map(), body.unwrap_or_default())
 }
 
 /// Refuses an upstream answer that must not reach the client as it is (gateway.md §14): a

@@ -206,7 +206,7 @@ async fn fetch(
             request_id,
             None,
             credential,
-        )?;
+        );
         if credential {
             call::authorize(gw, upstream, &mut req).await?;
         }

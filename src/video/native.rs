@@ -35,7 +35,7 @@ pub async fn create(
     let uri = base(upstream)?
         .join("/video/generations")
         .map_err(|e| call::bad_url(upstream, e))?;
-    let req = upstream::build_request(upstream, uri, client_headers, request_id, body)?;
+    let req = upstream::build_request(upstream, uri, client_headers, request_id, body);
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
     let bytes = call::read(gw, upstream, body).await?;
@@ -65,7 +65,7 @@ pub async fn poll(
     let uri = base(upstream)?
         .join(&format!("/tasks/{}", call::encode_component(reference)))
         .map_err(|e| call::bad_url(upstream, e))?;
-    let req = upstream::build_call(upstream, Method::GET, uri, request_id, None, true)?;
+    let req = upstream::build_call(upstream, Method::GET, uri, request_id, None, true);
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
     let bytes = call::read(gw, upstream, body).await?;

@@ -146,7 +146,7 @@ pub async fn create(
         _ => format!("/{model}:predictLongRunning"),
     };
     let uri = join(upstream, &suffix)?;
-    let mut req = upstream::build_call(upstream, Method::POST, uri, request_id, Some(body), true)?;
+    let mut req = upstream::build_call(upstream, Method::POST, uri, request_id, Some(body), true);
     call::authorize(gw, upstream, &mut req).await?;
     let resp = call::send(gw, upstream, req).await?;
     let (parts, body) = resp.into_parts();
@@ -196,7 +196,7 @@ pub async fn poll_request(
     let mut req = match upstream.kind {
         UpstreamKind::VeoGemini => {
             let uri = join(upstream, &format!("/{operation}"))?;
-            upstream::build_call(upstream, Method::GET, uri, request_id, None, true)?
+            upstream::build_call(upstream, Method::GET, uri, request_id, None, true)
         }
         _ => {
             let uri = join(upstream, &format!("/{model}:fetchPredictOperation"))?;
@@ -208,7 +208,7 @@ pub async fn poll_request(
                 request_id,
                 Some(Bytes::from(body)),
                 true,
-            )?
+            )
         }
     };
     call::authorize(gw, upstream, &mut req).await?;
