@@ -1217,6 +1217,10 @@ pub(crate) async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > max) {
+        // A client waiting for `100 Continue` sends nothing more: the refusal alone answers it.
+        if !headers.contains_key(header::EXPECT) {
+            linger(body);
+        }
         return Err(too_large());
     }
     let mut chunks: Vec<Bytes> = Vec::new();
@@ -1260,6 +1264,7 @@ pub(crate) async fn read_body(
         if let Ok(data) = frame.into_data() {
             total += data.len() as u64;
             if total > max {
+                linger(body);
                 return Err(too_large());
             }
             chunks.push(data);
@@ -1270,6 +1275,34 @@ pub(crate) async fn read_body(
         1 => chunks.swap_remove(0),
         _ => Bytes::from(chunks.concat()),
     })
+}
+
+/// How much of a refused body's rest is read and dropped, and for how long at most.
+const LINGER_BYTES: u64 = 16 * 1024 * 1024;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops the rest of a body refused as too large, while the refusal goes out. A
+/// connection closed with unread bytes is reset, and a client still sending then fails on its
+/// write before it reads the 413 (a lingering close, as nginx does). Past [`LINGER_BYTES`] or
+/// [`LINGER_TIME`] the body is dropped and the connection closed.
+fn linger(mut body: Incoming) {
+    let drain = async move {
+        let mut read: u64 = 0;
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if read > LINGER_BYTES {
+                    break;
+                }
+            }
+        })
+        .await;
+    };
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "bounded by LINGER_TIME and LINGER_BYTES; it must outlive the request, whose response is the refusal"
+    )]
+    tokio::spawn(drain);
 }
 
 /// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.
