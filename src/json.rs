@@ -7,6 +7,8 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+pub mod scan;
+
 /// What a field's value was expected to be; renders into "expected …" messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expected {
@@ -37,7 +39,26 @@ impl fmt::Display for Expected {
 /// does), so what the gateway validates is exactly what the upstream receives.
 #[derive(Debug, Default, Clone)]
 pub struct RawObject<'a> {
-    entries: Vec<(Cow<'a, str>, Cow<'a, RawValue>)>,
+    /// Keys unescaped; values as their JSON text, each known to be valid JSON.
+    entries: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+/// The text of one JSON value known to be valid: read out of a body that was checked whole, or
+/// out of serde's own `RawValue`. Only this module makes one, so the typed reads below can walk
+/// it without checking it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'a> From<&'a RawValue> for Raw<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        Self(raw.get())
+    }
 }
 
 impl<'a> RawObject<'a> {
@@ -61,30 +82,31 @@ impl<'a> RawObject<'a> {
     }
 
     /// Parses a raw value that must itself be an object.
-    pub fn from_raw(raw: &'a RawValue) -> Option<Self> {
-        if !raw.get().starts_with('{') {
+    pub fn from_raw(raw: Raw<'a>) -> Option<Self> {
+        if !raw.0.starts_with('{') {
             return None;
         }
-        serde_json::from_str(raw.get()).ok()
+        scan::object(raw.0.as_bytes()).or_else(|| serde_json::from_str(raw.0).ok())
     }
 
-    pub fn get(&self, key: &str) -> Option<&RawValue> {
+    pub fn get(&self, key: &str) -> Option<Raw<'_>> {
         self.entries
             .iter()
             .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_ref())
+            .map(|(_, v)| Raw(v))
     }
 
     /// The value of `key`, treating JSON `null` as absent (as OpenAI's API does).
-    pub fn get_present(&self, key: &str) -> Option<&RawValue> {
-        self.get(key).filter(|v| v.get() != "null")
+    pub fn get_present(&self, key: &str) -> Option<Raw<'_>> {
+        self.get(key).filter(|v| v.0 != "null")
     }
 
     pub fn contains(&self, key: &str) -> bool {
         self.get(key).is_some()
     }
 
-    pub fn remove(&mut self, key: &str) -> Option<Cow<'a, RawValue>> {
+    /// Takes `key` out, answering its value's JSON text.
+    pub fn remove(&mut self, key: &str) -> Option<Cow<'a, str>> {
         let pos = self.entries.iter().position(|(k, _)| k == key)?;
         Some(self.entries.remove(pos).1)
     }
@@ -92,8 +114,10 @@ impl<'a> RawObject<'a> {
     /// Replaces `key`'s value in place, or appends the key when it is absent.
     pub fn set(&mut self, key: &'a str, value: Box<RawValue>) {
         match self.entries.iter_mut().find(|(k, _)| k == key) {
-            Some(entry) => entry.1 = Cow::Owned(value),
-            None => self.entries.push((Cow::Borrowed(key), Cow::Owned(value))),
+            Some(entry) => entry.1 = Cow::Owned(text_of(value)),
+            None => self
+                .entries
+                .push((Cow::Borrowed(key), Cow::Owned(text_of(value)))),
         }
     }
 
@@ -110,7 +134,7 @@ impl<'a> RawObject<'a> {
         let size: usize = self
             .entries
             .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .map(|(k, v)| k.len() + v.len() + 4)
             .sum();
         let mut out = Vec::with_capacity(size + 2);
         out.push(b'{');
@@ -120,7 +144,7 @@ impl<'a> RawObject<'a> {
             }
             write_json_str(&mut out, k);
             out.push(b':');
-            out.extend_from_slice(v.get().as_bytes());
+            out.extend_from_slice(v.as_bytes());
         }
         out.push(b'}');
         out
@@ -132,6 +156,10 @@ impl<'a> RawObject<'a> {
         let text = String::from_utf8(self.to_vec()).unwrap_or_else(|_| "{}".to_owned());
         RawValue::from_string(text).unwrap_or_else(|_| raw_literal("{}"))
     }
+}
+
+fn text_of(value: Box<RawValue>) -> String {
+    String::from(Box::<str>::from(value))
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
@@ -146,7 +174,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             }
 
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut entries: Vec<(Cow<'a, str>, Cow<'a, RawValue>)> =
+                let mut entries: Vec<(Cow<'a, str>, Cow<'a, str>)> =
                     Vec::with_capacity(map.size_hint().unwrap_or(16));
                 // Borrowed from the body unless escaped: serde's own `Cow<str>` always copies.
                 while let Some(crate::translate::lax::Key(key)) = map.next_key()? {
@@ -154,7 +182,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                     if let Some(pos) = entries.iter().position(|(k, _)| *k == key) {
                         entries.remove(pos);
                     }
-                    entries.push((key, Cow::Borrowed(value)));
+                    entries.push((key, Cow::Borrowed(value.get())));
                 }
                 Ok(RawObject { entries })
             }
@@ -594,8 +622,8 @@ pub fn to_raw<T: serde::Serialize + ?Sized>(value: &T) -> Box<RawValue> {
 }
 
 /// JSON's type name of a raw value, for messages like "got a string".
-pub fn type_name(raw: &RawValue) -> &'static str {
-    match raw.get().as_bytes().first() {
+pub fn type_name(raw: Raw<'_>) -> &'static str {
+    match raw.0.as_bytes().first() {
         Some(b'"') => "a string",
         Some(b'{') => "an object",
         Some(b'[') => "an array",
@@ -606,8 +634,8 @@ pub fn type_name(raw: &RawValue) -> &'static str {
 }
 
 /// A typed read of one raw value, with the expectation named on failure.
-pub fn as_str(raw: &RawValue) -> Result<Cow<'_, str>, Expected> {
-    let text = raw.get();
+pub fn as_str(raw: Raw<'_>) -> Result<Cow<'_, str>, Expected> {
+    let text = raw.0;
     if !text.starts_with('"') {
         return Err(Expected::String);
     }
@@ -619,38 +647,38 @@ pub fn as_str(raw: &RawValue) -> Result<Cow<'_, str>, Expected> {
     {
         return Ok(Cow::Borrowed(inner));
     }
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).map_err(|_| Expected::String)
+    serde_json::from_str::<Cow<'_, str>>(text).map_err(|_| Expected::String)
 }
 
-pub fn as_bool(raw: &RawValue) -> Result<bool, Expected> {
-    match raw.get() {
+pub fn as_bool(raw: Raw<'_>) -> Result<bool, Expected> {
+    match raw.0 {
         "true" => Ok(true),
         "false" => Ok(false),
         _ => Err(Expected::Bool),
     }
 }
 
-pub fn as_f64(raw: &RawValue) -> Result<f64, Expected> {
-    let first = raw.get().as_bytes().first().copied().unwrap_or(b'x');
+pub fn as_f64(raw: Raw<'_>) -> Result<f64, Expected> {
+    let first = raw.0.as_bytes().first().copied().unwrap_or(b'x');
     if !(first == b'-' || first.is_ascii_digit()) {
         return Err(Expected::Number);
     }
-    serde_json::from_str::<f64>(raw.get()).map_err(|_| Expected::Number)
+    serde_json::from_str::<f64>(raw.0).map_err(|_| Expected::Number)
 }
 
 /// An integer; `2.0` is refused as OpenAI's API does, so the upstream never sees a float here.
-pub fn as_i64(raw: &RawValue) -> Result<i64, Expected> {
-    serde_json::from_str::<i64>(raw.get()).map_err(|_| Expected::Integer)
+pub fn as_i64(raw: Raw<'_>) -> Result<i64, Expected> {
+    serde_json::from_str::<i64>(raw.0).map_err(|_| Expected::Integer)
 }
 
-pub fn as_array(raw: &RawValue) -> Result<Vec<&RawValue>, Expected> {
-    if !raw.get().starts_with('[') {
-        return Err(Expected::Array);
-    }
-    serde_json::from_str::<Vec<&RawValue>>(raw.get()).map_err(|_| Expected::Array)
+/// The elements of an array, found by brackets and quotes alone: the text is known valid.
+pub fn as_array(raw: Raw<'_>) -> Result<Vec<Raw<'_>>, Expected> {
+    known_elements(raw.0)
+        .map(|elements| elements.map(Raw).collect())
+        .ok_or(Expected::Array)
 }
 
-pub fn as_object(raw: &RawValue) -> Result<RawObject<'_>, Expected> {
+pub fn as_object(raw: Raw<'_>) -> Result<RawObject<'_>, Expected> {
     RawObject::from_raw(raw).ok_or(Expected::Object)
 }
 
@@ -845,22 +873,22 @@ mod tests {
     #[test]
     fn strings_read_borrowed_when_they_can() {
         let raw: Box<RawValue> = serde_json::from_str(r#""plain""#).unwrap();
-        assert!(matches!(as_str(&raw), Ok(Cow::Borrowed("plain"))));
+        assert!(matches!(as_str((&*raw).into()), Ok(Cow::Borrowed("plain"))));
         let raw: Box<RawValue> = serde_json::from_str(r#""a\nb""#).unwrap();
-        assert_eq!(as_str(&raw).unwrap(), "a\nb");
+        assert_eq!(as_str((&*raw).into()).unwrap(), "a\nb");
         let raw: Box<RawValue> = serde_json::from_str(r#""""#).unwrap();
-        assert_eq!(as_str(&raw).unwrap(), "");
+        assert_eq!(as_str((&*raw).into()).unwrap(), "");
         let raw: Box<RawValue> = serde_json::from_str(r#""\ud800""#).unwrap();
-        assert_eq!(as_str(&raw), Err(Expected::String));
+        assert_eq!(as_str((&*raw).into()), Err(Expected::String));
     }
 
     #[test]
     fn typed_reads() {
         let v: Box<RawValue> = RawValue::from_string("2.0".into()).unwrap();
-        assert_eq!(as_i64(&v), Err(Expected::Integer));
-        assert_eq!(as_f64(&v), Ok(2.0));
+        assert_eq!(as_i64((&*v).into()), Err(Expected::Integer));
+        assert_eq!(as_f64((&*v).into()), Ok(2.0));
         let s: Box<RawValue> = RawValue::from_string("\"x\\n\"".into()).unwrap();
-        assert_eq!(as_str(&s).unwrap(), "x\n");
-        assert_eq!(as_bool(&s), Err(Expected::Bool));
+        assert_eq!(as_str((&*s).into()).unwrap(), "x\n");
+        assert_eq!(as_bool((&*s).into()), Err(Expected::Bool));
     }
 }

@@ -1,5 +1,7 @@
 //! The same-protocol fast path: targeted edits of a client body (model name, thinking switch) that leave every other byte alone.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::config::{Target, ThinkingStyle};
@@ -33,7 +35,7 @@ pub fn chat_body(
 pub fn ask_for_usage(obj: &mut RawObject<'_>) {
     let text = obj
         .remove("stream_options")
-        .map(|raw| raw.get().to_owned())
+        .map(Cow::into_owned)
         .unwrap_or_else(|| "{}".to_owned());
     let mut opts = RawObject::parse(text.as_bytes()).unwrap_or_default();
     opts.set("include_usage", raw_literal("true"));
@@ -47,14 +49,13 @@ fn write_thinking(obj: &mut RawObject<'_>, target: &Target, on: bool, max_tokens
     let client_budget = obj
         .remove("thinking")
         .and_then(|raw| {
-            RawObject::from_raw(&raw)
+            RawObject::parse(raw.as_bytes())
+                .ok()
                 .and_then(|t| t.get("budget_tokens").and_then(|b| json::as_i64(b).ok()))
         })
         .filter(|b| *b > 0);
     // Other template kwargs the client sent are the upstream's business; keep them.
-    let mut kwargs: Option<String> = obj
-        .remove("chat_template_kwargs")
-        .map(|raw| raw.get().to_owned());
+    let mut kwargs: Option<String> = obj.remove("chat_template_kwargs").map(Cow::into_owned);
     let flag = raw_literal(if on { "true" } else { "false" });
     match target.thinking {
         ThinkingStyle::ChatTemplateKwargs => {

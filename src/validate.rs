@@ -1,10 +1,8 @@
 //! Chat-completions request rules (interface §2.1, §8; gateway.md §6), checked before anything goes upstream.
 
-use serde_json::value::RawValue;
-
 use crate::config::{Model, ThinkingStyle};
 use crate::error::GatewayError;
-use crate::json::{self, Expected, RawObject};
+use crate::json::{self, Expected, Raw, RawObject};
 
 /// What the rest of the pipeline needs to know about a valid chat request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,7 +58,7 @@ fn invalid_at<P: std::fmt::Display + ?Sized>(
 fn wrong_type<P: std::fmt::Display + ?Sized>(
     param: &P,
     expected: Expected,
-    raw: &RawValue,
+    raw: Raw<'_>,
 ) -> GatewayError {
     invalid_at(param, |p| {
         format!("`{p}` must be {expected}; got {}", describe(raw))
@@ -69,7 +67,7 @@ fn wrong_type<P: std::fmt::Display + ?Sized>(
 
 /// A wrong value for a message: its JSON type, or for the values that are of the right type
 /// but still unreadable, what is wrong with them ("must be a number; got a number" helps no one).
-fn describe(raw: &RawValue) -> String {
+fn describe(raw: Raw<'_>) -> String {
     match json::type_name(raw) {
         "a string" if json::as_str(raw).is_err() => {
             "a lone surrogate escape (not valid Unicode)".to_owned()
@@ -88,8 +86,8 @@ fn describe(raw: &RawValue) -> String {
 
 fn typed<'r, T, P: std::fmt::Display + ?Sized>(
     param: &P,
-    raw: &'r RawValue,
-    f: impl Fn(&'r RawValue) -> Result<T, Expected>,
+    raw: Raw<'r>,
+    f: impl Fn(Raw<'r>) -> Result<T, Expected>,
 ) -> Result<T, GatewayError> {
     f(raw).map_err(|e| wrong_type(param, e, raw))
 }
@@ -240,7 +238,7 @@ fn stop(obj: &RawObject) -> Result<(), GatewayError> {
         ));
     }
     for (i, item) in items.iter().enumerate() {
-        typed(&Path::Root("stop").index(i), item, json::as_str)?;
+        typed(&Path::Root("stop").index(i), *item, json::as_str)?;
     }
     Ok(())
 }
@@ -316,7 +314,7 @@ fn tools(obj: &RawObject) -> Result<(), GatewayError> {
     let root = Path::Root("tools");
     for (i, item) in items.iter().enumerate() {
         let path = root.index(i);
-        let tool = typed(&path, item, json::as_object)?;
+        let tool = typed(&path, *item, json::as_object)?;
         let kind_path = path.field("type");
         let kind = tool
             .get_present("type")
@@ -413,7 +411,7 @@ fn messages(obj: &RawObject, model: &Model, client_model: &str) -> Result<(), Ga
 }
 
 /// Every rule on `messages`, for any shape of it.
-fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(), GatewayError> {
+fn all_messages(raw: Raw<'_>, model: &Model, client_model: &str) -> Result<(), GatewayError> {
     let items = typed("messages", raw, json::as_array)?;
     if items.is_empty() {
         return Err(GatewayError::invalid(
@@ -424,7 +422,7 @@ fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(),
     let root = Path::Root("messages");
     for (i, item) in items.iter().enumerate() {
         let path = root.index(i);
-        let msg = typed(&path, item, json::as_object)?;
+        let msg = typed(&path, *item, json::as_object)?;
         let rpath = path.field("role");
         let role = msg
             .get_present("role")
@@ -462,7 +460,7 @@ fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(),
                         })
                     })?;
                     for (j, part) in parts.iter().enumerate() {
-                        content_part(&cpath.index(j), part, allowed_parts, model, client_model)?;
+                        content_part(&cpath.index(j), *part, allowed_parts, model, client_model)?;
                     }
                 }
             }
@@ -485,7 +483,7 @@ fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(),
             let calls = typed(&tpath, calls, json::as_array)?;
             for (j, call) in calls.iter().enumerate() {
                 let cp = tpath.index(j);
-                let call = typed(&cp, call, json::as_object)?;
+                let call = typed(&cp, *call, json::as_object)?;
                 let fpath = cp.field("function");
                 let f = call
                     .get_present("function")
@@ -509,7 +507,7 @@ fn all_messages(raw: &RawValue, model: &Model, client_model: &str) -> Result<(),
 /// parts, tool calls, null content, escapes in keys, `\u` escapes in the strings it reads) it
 /// leaves to the full check, which also says what is wrong; so it accepts only what that check
 /// accepts.
-fn plain_messages(raw: &RawValue) -> bool {
+fn plain_messages(raw: Raw<'_>) -> bool {
     // A string without `\u` escapes reads as text: no lone surrogate in it. A `\\u` (an escaped
     // backslash, then a `u`) is taken for one too, and left to the full check.
     let plain = |v: &str| {
@@ -545,7 +543,7 @@ fn required(path: &Path<'_>) -> GatewayError {
 
 fn content_part(
     path: &Path<'_>,
-    raw: &RawValue,
+    raw: Raw<'_>,
     allowed: &[&str],
     model: &Model,
     client_model: &str,
@@ -685,6 +683,10 @@ fn thinking(
 pub fn request_object(bytes: &[u8]) -> Result<RawObject<'_>, GatewayError> {
     use crate::error::ErrorKind;
     use json::BodyProblem;
+    // The common body in one pass; anything that pass is unsure of is judged below.
+    if let Some(obj) = json::scan::object(bytes) {
+        return Ok(obj);
+    }
     let obj = RawObject::parse(bytes).map_err(|e| {
         let msg = if e.is_syntax() || e.is_eof() {
             format!("the request body is not valid JSON: {e}")
@@ -768,9 +770,9 @@ mod tests {
             r#"[{"role":"developer","content":"\\","extra":{"a":[1,{"b":"}"}],"n":-1.5e3,"t":true}}]"#,
         ];
         for text in plain {
-            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
-            assert!(plain_messages(&raw), "{text}");
-            all_messages(&raw, &model, "m").unwrap();
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(text).unwrap();
+            assert!(plain_messages((&*raw).into()), "{text}");
+            all_messages((&*raw).into(), &model, "m").unwrap();
         }
         let left = [
             "[]",
@@ -793,13 +795,13 @@ mod tests {
             r#"[{"role":"user","content":"hi"},null]"#,
         ];
         for text in left {
-            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
-            assert!(!plain_messages(&raw), "{text}");
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(text).unwrap();
+            assert!(!plain_messages((&*raw).into()), "{text}");
         }
         // Left to the full check, some are still fine and some are refused, each as before.
         let full = |t: &str| {
-            let raw: Box<RawValue> = serde_json::from_str(t).unwrap();
-            all_messages(&raw, &model, "m")
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(t).unwrap();
+            all_messages((&*raw).into(), &model, "m")
         };
         assert!(full(r#"[{"role":"user","content":"\u00e9"}]"#).is_ok());
         assert!(full(r#"[{"\u0072ole":"user","content":"hi"}]"#).is_ok());
@@ -844,9 +846,9 @@ mod tests {
                 })
                 .collect();
             let text = format!("[{}]", items.join(sep));
-            let raw: Box<RawValue> = serde_json::from_str(&text).unwrap();
-            if plain_messages(&raw) {
-                proptest::prop_assert!(all_messages(&raw, &model(), "m").is_ok(), "{}", text);
+            let raw: Box<serde_json::value::RawValue> = serde_json::from_str(&text).unwrap();
+            if plain_messages((&*raw).into()) {
+                proptest::prop_assert!(all_messages((&*raw).into(), &model(), "m").is_ok(), "{}", text);
             }
         }
     }

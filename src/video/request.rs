@@ -5,10 +5,9 @@ use std::borrow::Cow;
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
-use serde_json::value::RawValue;
 
 use crate::error::GatewayError;
-use crate::json::{self, Expected, RawObject};
+use crate::json::{self, Expected, Raw, RawObject};
 
 /// The two model names of the interface; which upstream serves each is `[[models]]`' business.
 pub const MODELS: [&str; 2] = ["video-3.1-generate-001", "video-3.1-fast-generate-001"];
@@ -45,7 +44,7 @@ pub struct VideoRequest {
     pub person_generation: &'static str,
 }
 
-fn wrong_type(param: &str, expected: Expected, raw: &RawValue) -> GatewayError {
+fn wrong_type(param: &str, expected: Expected, raw: Raw<'_>) -> GatewayError {
     GatewayError::invalid(
         param,
         format!("`{param}` must be {expected}; got {}", json::type_name(raw)),
