@@ -595,6 +595,16 @@ fn value_end(bytes: &[u8], start: usize) -> usize {
     }
 }
 
+/// Reads `T` from a whole body. Its UTF-8 is checked once, whole: read from bytes, serde checks
+/// each string on its own, at a call's cost per string. A body that is not UTF-8 is read as
+/// bytes, for serde's own error.
+pub fn from_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    }
+}
+
 /// A value's compact text, through `io::Write` into a `Vec`: `Value`'s `Display` goes through
 /// `fmt` a piece at a time, at several times the instructions.
 pub fn to_bytes(value: &serde_json::Value) -> Vec<u8> {

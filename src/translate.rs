@@ -353,10 +353,10 @@ impl Translation {
                 crate::json::to_bytes(&error_body(self.client, &info)),
             );
         }
-        let value = || serde_json::from_slice::<Value>(body).map_err(|_| not_json());
+        let value = || crate::json::from_body::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
             // The usual answer, read straight into the few members that count: no `Value` tree.
-            Protocol::Chat => serde_json::from_slice::<chat::Reply<'_>>(body)
+            Protocol::Chat => crate::json::from_body::<chat::Reply<'_>>(body)
                 .map_err(|_| not_json())
                 .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
             Protocol::Messages => value()

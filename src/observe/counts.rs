@@ -94,8 +94,18 @@ impl Counts<'_> {
         if !text.starts_with(b"{") {
             return None;
         }
-        let mut values = serde_json::Deserializer::from_slice(text).into_iter::<Counts<'_>>();
-        values.next()?.ok()
+        // The text runs from the object to the reply's end: UTF-8 unless the reply is not, so
+        // it is checked once, whole, rather than string by string as bytes would be.
+        match std::str::from_utf8(text) {
+            Ok(text) => serde_json::Deserializer::from_str(text)
+                .into_iter::<Counts<'_>>()
+                .next()?
+                .ok(),
+            Err(_) => serde_json::Deserializer::from_slice(text)
+                .into_iter::<Counts<'_>>()
+                .next()?
+                .ok(),
+        }
     }
 
     /// Adds what `protocol` reads from this object to `into`: chat and responses replace the
