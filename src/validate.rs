@@ -677,9 +677,10 @@ fn thinking(
     Ok(Some(on))
 }
 
-/// Parses a request body into its top-level object after checking the whole of it
-/// ([`json::check_structure`]): a repeated key or runaway nesting is refused here, on every path,
-/// passthrough included, before any field is read.
+/// Parses a request body into its top-level object after checking the whole of it: a repeated
+/// key or runaway nesting is refused here, on every path, passthrough included, before any field
+/// is read. The common body takes one pass ([`json::scan::object`]); any other is parsed by serde
+/// and checked by [`json::check_structure`], which name what is wrong.
 pub fn request_object(bytes: &[u8]) -> Result<RawObject<'_>, GatewayError> {
     use crate::error::ErrorKind;
     use json::BodyProblem;

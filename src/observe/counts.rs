@@ -97,15 +97,16 @@ impl Counts<'_> {
         // The text runs from the object to the reply's end: UTF-8 unless the reply is not, so
         // it is checked once, whole, rather than string by string as bytes would be.
         match std::str::from_utf8(text) {
-            Ok(text) => serde_json::Deserializer::from_str(text)
-                .into_iter::<Counts<'_>>()
-                .next()?
-                .ok(),
-            Err(_) => serde_json::Deserializer::from_slice(text)
-                .into_iter::<Counts<'_>>()
-                .next()?
-                .ok(),
+            Ok(text) => Self::first(serde_json::Deserializer::from_str(text)),
+            Err(_) => Self::first(serde_json::Deserializer::from_slice(text)),
         }
+    }
+
+    /// The first value `de` reads, if it reads as counts; what follows it is left unread.
+    fn first<'de, R: serde_json::de::Read<'de>>(
+        de: serde_json::Deserializer<R>,
+    ) -> Option<Counts<'de>> {
+        de.into_iter::<Counts<'de>>().next()?.ok()
     }
 
     /// Adds what `protocol` reads from this object to `into`: chat and responses replace the
