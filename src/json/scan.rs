@@ -14,7 +14,11 @@ use super::{RawObject, LINEAR_KEYS, MAX_DEPTH};
 /// The body's top-level object, when the body is one the pass is sure of; what it finds is
 /// what serde's parse into [`RawObject`] finds, member for member.
 pub fn object(bytes: &[u8]) -> Option<RawObject<'_>> {
-    let text = std::str::from_utf8(bytes).ok()?;
+    object_in(std::str::from_utf8(bytes).ok()?)
+}
+
+/// [`object`] for text already known to be UTF-8.
+pub fn object_in(text: &str) -> Option<RawObject<'_>> {
     let mut scan = Scan {
         text,
         b: text.as_bytes(),
