@@ -26,7 +26,8 @@ if [ ! -x "$profdata" ]; then
 fi
 
 work=$(mktemp -d)
-trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+mock_pid='' gw_pid=''
+trap 'kill $mock_pid $gw_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 profiles="$work/profiles"
 mkdir -p "$profiles" "$work/cfg"
 
