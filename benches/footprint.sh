@@ -9,29 +9,24 @@
 # With `nginx`, the same count for Debian's nginx in the benchbed's configuration, run as one
 # process, for comparison.
 set -euo pipefail
+source "$(dirname "$0")/benchbed.sh"
 target=${1:-target/release/modelgate}
 n=${2:-300}
-mock=$(realpath "${MOCK_BIN:-../shared/benchbed/target/release/mock-upstream}")
 mport=${MOCK_PORT:-18380}
 port=${GATEWAY_PORT:-18390}
-key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
-body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
+body=$chat_body
 work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
-MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$mport" > "$work/mock.log" 2>&1 &
-mock_pid=$!
+start_mock "$mport" "$work/mock.log"
 sim=(valgrind --tool=cachegrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=1048576,16,64)
 if [ "$target" = nginx ]; then
     mkdir -p "$work/nginx-tmp"
     sed -e "s/@NGINX_WORKERS@/1/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
-        -e "s/@NGINX_PORT@/$port/" ../shared/benchbed/conf/nginx.conf.in > "$work/nginx.conf"
+        -e "s/@NGINX_PORT@/$port/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
     sed -i '1i master_process off;' "$work/nginx.conf"
     cmd=(nginx -c "$work/nginx.conf" -p "$work")
 else
-    # The config in a directory of its own: the gateway watches the config's directory.
-    mkdir -p "$work/cfg"
-    sed -e "s/@PROJECT_PORT@/$port/" -e "s/@MOCK_PORT@/$mport/" \
-        ../shared/benchbed/conf/modelgate.toml.in > "$work/cfg/gw.toml"
+    gateway_config "$work/cfg" "$port" "$mport"
     cmd=("$(realpath "$target")" serve --config "$work/cfg/gw.toml")
 fi
 count() {

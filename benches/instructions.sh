@@ -8,28 +8,22 @@
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
 set -euo pipefail
+source "$(dirname "$0")/benchbed.sh"
 bin=$(realpath "${1:-target/release/modelgate}")
 kind=${2:-json}
 n=${3:-300}
-mock=$(realpath "${MOCK_BIN:-../shared/benchbed/target/release/mock-upstream}")
-template=$(realpath ../shared/benchbed/conf/modelgate.toml.in)
 mport=${MOCK_PORT:-18380}
 gport=${GATEWAY_PORT:-18390}
-key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
 work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
-MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$mport" > "$work/mock.log" 2>&1 &
-mock_pid=$!
-# The config sits in a directory of its own: the gateway watches the config's directory for
-# reloads, and a log written beside it would wake the watcher on every line.
-mkdir -p "$work/cfg"
-sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$work/cfg/gw.toml"
+start_mock "$mport" "$work/mock.log"
+gateway_config "$work/cfg" "$gport" "$mport"
 printf '%b' "${GW_EXTRA:-}" >> "$work/cfg/gw.toml"
-body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
-[ "$kind" = stream ] && body="${body%\}},\"stream\":true}"
+body=$chat_body
+[ "$kind" = stream ] && body=$(streamed "$chat_body")
 path=/v1/chat/completions
 if [ "$kind" = messages ]; then
-    body='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}'
+    body=$messages_body
     path=/v1/messages
 fi
 count() {

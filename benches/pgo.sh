@@ -10,12 +10,10 @@
 # and the benchbed's mock-upstream built. The next `cargo build --release` uses the new profile.
 #   benches/pgo.sh [OUT]      (default benches/pgo/modelgate.profdata)
 set -euo pipefail
+source "$(dirname "$0")/benchbed.sh"
 out=${1:-benches/pgo/modelgate.profdata}
-mock=$(realpath "${MOCK_BIN:-../shared/benchbed/target/release/mock-upstream}")
-template=$(realpath ../shared/benchbed/conf/modelgate.toml.in)
 mport=${MOCK_PORT:-18380}
 gport=${GATEWAY_PORT:-18390}
-key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
 secs=${PGO_SECONDS:-4}
 
 sysroot=$(rustc --print sysroot)
@@ -29,33 +27,30 @@ work=$(mktemp -d)
 mock_pid='' gw_pid=''
 trap 'kill $mock_pid $gw_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 profiles="$work/profiles"
-mkdir -p "$profiles" "$work/cfg"
+mkdir -p "$profiles"
 
 # A target directory of its own, so that the instrumented build replaces no other. RUSTFLAGS
 # with a profile flag makes the wrapper leave the compile as it is.
 RUSTFLAGS="-Cprofile-generate=$profiles" \
     cargo build --release --bin modelgate --target-dir target/pgo-generate
 
-MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$mport" > "$work/mock.log" 2>&1 &
-mock_pid=$!
-sed -e "s/@PROJECT_PORT@/$gport/" -e "s/@MOCK_PORT@/$mport/" "$template" > "$work/cfg/gw.toml"
+start_mock "$mport" "$work/mock.log"
+gateway_config "$work/cfg" "$gport" "$mport"
 BENCHBED_UPSTREAM_KEY=k target/pgo-generate/release/modelgate serve --config "$work/cfg/gw.toml" \
     > "$work/gw.log" 2>&1 &
 gw_pid=$!
 for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
 
-chat='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
-messages='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}'
 responses='{"model":"mock-gpt","instructions":"You are terse.","input":"Say hello in five words.","max_output_tokens":64}'
 drive() {
     oha -z "${secs}s" -c 2 --no-tui -m POST -H "authorization: Bearer $key" \
         -H 'content-type: application/json' -d "$2" "http://127.0.0.1:$gport$1" > /dev/null
 }
 # The mix follows what the benchbed measures: passthrough first, then the translated pairs.
-drive /v1/chat/completions "$chat"
-drive /v1/chat/completions "${chat%\}},\"stream\":true}"
-drive /v1/messages "$messages"
-drive /v1/messages "${messages%\}},\"stream\":true}"
+drive /v1/chat/completions "$chat_body"
+drive /v1/chat/completions "$(streamed "$chat_body")"
+drive /v1/messages "$messages_body"
+drive /v1/messages "$(streamed "$messages_body")"
 drive /v1/responses "$responses"
 # The gateway writes its profile when it exits, and exits on SIGINT after draining.
 kill -INT "$gw_pid"

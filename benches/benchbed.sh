@@ -1,0 +1,28 @@
+# Sourced, not run: what the benches that run the gateway on the benchbed's fake provider share
+# (instructions.sh, footprint.sh, pgo.sh): the benchbed's mock, its client key, its requests,
+# and the gateway's config for it. Run those from the project root, with ../shared beside it and
+# the benchbed built (cd ../shared/benchbed && cargo build --release).
+bb=$(realpath ../shared/benchbed)
+mock=$(realpath "${MOCK_BIN:-$bb/target/release/mock-upstream}")
+key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
+# The benchbed's S1 chat request, and its S3 messages request (translated to a chat upstream).
+chat_body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
+messages_body='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}'
+
+# A body with "stream":true added as its last member.
+streamed() { printf '%s' "${1%\}},\"stream\":true}"; }
+
+# Starts the mock on port $1 (20 events a stream, no delay, one thread), its log in $2; sets
+# mock_pid.
+start_mock() {
+    MOCK_CHUNKS=20 MOCK_DELAY_US=0 MOCK_THREADS=1 "$mock" "$1" > "$2" 2>&1 &
+    mock_pid=$!
+}
+
+# Writes the gateway's config for the benchbed, listening on port $2 with the mock on $3, as
+# $1/gw.toml. $1 is a directory of its own: the gateway watches its config's directory for
+# reloads, and a log written beside the config would wake the watcher on every line.
+gateway_config() {
+    mkdir -p "$1"
+    sed -e "s/@PROJECT_PORT@/$2/" -e "s/@MOCK_PORT@/$3/" "$bb/conf/modelgate.toml.in" > "$1/gw.toml"
+}
