@@ -1,7 +1,10 @@
 //! The request path: endpoint → auth → body → route → validate → passthrough/translate → upstream → response; the one place an error becomes a response.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,7 +33,7 @@ use crate::routing::Routing;
 use crate::translate::{self, Translation};
 use crate::upstream;
 use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
-use crate::{mock, stateful, validate};
+use crate::{inplace, mock, stateful, validate};
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
@@ -371,11 +374,11 @@ async fn dispatch(
         }
         Endpoint::CountTokens => {
             ctx.protocol = Protocol::Messages.name();
-            Box::pin(count_tokens(gw, rt, address, parts, body, ctx)).await
+            inplace::boxed(|| count_tokens(gw, rt, address, parts, body, ctx)).await
         }
         Endpoint::StoredResponse => {
             ctx.protocol = Protocol::Responses.name();
-            Box::pin(stored_response(gw, rt, address, parts, ctx)).await
+            inplace::boxed(|| stored_response(gw, rt, address, parts, ctx)).await
         }
         Endpoint::Models => {
             let principal = rt.keys.authenticate(&parts.headers, address, false)?;
@@ -397,7 +400,7 @@ async fn dispatch(
         }
         Endpoint::Video => {
             ctx.protocol = "video";
-            Box::pin(video(gw, rt, parts, body, ctx)).await
+            inplace::boxed(|| video(gw, rt, parts, body, ctx)).await
         }
         Endpoint::Mock(protocol) => {
             let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
@@ -467,7 +470,7 @@ async fn admit(
     }
     let slot = ctx.request_id.to_str().unwrap_or("request");
     // Boxed: the store's round trip is a large future, needed only by limited keys.
-    match Box::pin(gw.services.limiter.admit(key, limits, slot)).await {
+    match inplace::boxed(|| gw.services.limiter.admit(key, limits, slot)).await {
         Ok(mut admission) => {
             ctx.extra_headers = std::mem::take(&mut admission.headers);
             Ok(admission.take_hold())
@@ -722,8 +725,9 @@ async fn llm(
     let prepared = match protocol {
         Protocol::Responses => {
             // Boxed, as is `finish` below: large futures only responses requests need.
-            let prepare = stateful::prepare(&gw.services.responses, &principal.name, &bytes, &obj);
-            Some(Box::pin(prepare).await?)
+            let prepare =
+                || stateful::prepare(&gw.services.responses, &principal.name, &bytes, &obj);
+            Some(inplace::boxed(prepare).await?)
         }
         _ => None,
     };
@@ -778,14 +782,16 @@ async fn llm(
                 (Some(up), Protocol::Responses, true) => stateful::Served::Upstream(up.clone()),
                 _ => stateful::Served::Kept,
             };
-            Box::pin(stateful::finish(
-                gw.services.responses.clone(),
-                &principal.name,
-                p,
-                served,
-                resp,
-                gw.services.limits.max_event_bytes,
-            ))
+            inplace::boxed(|| {
+                stateful::finish(
+                    gw.services.responses.clone(),
+                    &principal.name,
+                    p,
+                    served,
+                    resp,
+                    gw.services.limits.max_event_bytes,
+                )
+            })
             .await?
         }
         _ => resp,
@@ -1225,15 +1231,29 @@ pub(crate) async fn read_body(
     }
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
-    let started = tokio::time::Instant::now();
+    // The clock is read, and a timer set, only once the body has to be waited for: a small
+    // body mostly came with the head, and its frames are ready when first asked for.
+    let mut started = None;
     loop {
-        // Each wait is bounded by the silence allowed, and the whole body by a pace: a large
-        // upload at a steady rate is fine, one byte every few seconds is not.
-        let now = tokio::time::Instant::now();
-        let paced = started + limits.client_body_timeout + body_allowance(total);
-        let silent = now + limits.client_body_timeout;
-        let frame = match tokio::time::timeout_at(paced.min(silent), body.frame()).await {
-            Err(_) if paced < silent => {
+        let mut next = body.frame();
+        let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut next).poll(cx))).await;
+        let waited = match ready {
+            Poll::Ready(frame) => Ok(frame),
+            Poll::Pending => {
+                // Each wait is bounded by the silence allowed, and the whole body by a pace: a
+                // large upload at a steady rate is fine, one byte every few seconds is not.
+                let now = tokio::time::Instant::now();
+                let started = *started.get_or_insert(now);
+                let paced = started + limits.client_body_timeout + body_allowance(total);
+                let silent = now + limits.client_body_timeout;
+                match tokio::time::timeout_at(paced.min(silent), next).await {
+                    Ok(frame) => Ok(frame),
+                    Err(_) => Err(paced < silent),
+                }
+            }
+        };
+        let frame = match waited {
+            Err(true) => {
                 return Err(GatewayError::new(
                     ErrorKind::RequestTimeout,
                     format!(
@@ -1243,7 +1263,7 @@ pub(crate) async fn read_body(
                     ),
                 ))
             }
-            Err(_) => {
+            Err(false) => {
                 return Err(GatewayError::new(
                     ErrorKind::RequestTimeout,
                     format!(

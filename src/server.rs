@@ -361,7 +361,9 @@ impl Connection {
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     // Boxed: inline, the TLS connection's larger state would size every plain
                     // connection's task too (6.1 KB instead of 3.7 KB).
-                    Ok(Ok(s)) => Box::pin(self.serve(TokioIo::new(s), activity)).await,
+                    Ok(Ok(s)) => {
+                        crate::inplace::boxed(|| self.serve(TokioIo::new(s), activity)).await
+                    }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 }
@@ -386,7 +388,7 @@ impl Connection {
                 // future is several KB: boxed on its own, it is freed once the response head is
                 // out, instead of staying with every open stream and idle keep-alive connection
                 // (7 KB less per open stream in benches/memory.sh, for under 1% more instructions).
-                let resp = Box::pin(pipeline::handle(&gw, address, req)).await;
+                let resp = crate::inplace::boxed(|| pipeline::handle(&gw, address, req)).await;
                 Ok::<_, std::convert::Infallible>(
                     resp.map(|b| BodyExt::boxed(crate::body::Guarded::new(b, request))),
                 )

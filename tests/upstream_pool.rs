@@ -45,7 +45,7 @@ async fn one_upstream_connection_carries_json_chunked_and_stream_replies_in_turn
         if seen.json()["stream"] == true {
             return sse_reply();
         }
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             Reply::json(200, chat_reply())
         } else {
             // No content-length: the body ends with the last chunk.
