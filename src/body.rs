@@ -274,13 +274,17 @@ pin_project! {
     pub struct UpstreamBody<B> {
         #[pin]
         inner: B,
-        // Armed for the idle timeout, but not moved with every frame: when it fires, it is
-        // moved to `last_frame` plus the timeout if a frame came since (a reset per frame cost
-        // more than the rest of the frame's own checks).
+        // Armed when the body is first waited for, and not moved with every frame: when it
+        // fires, it is moved to `last_frame` plus the timeout if a frame came since (a reset
+        // per frame cost more than the rest of the frame's own checks). A reply whose frames
+        // are all ready when asked for (most JSON replies) never sets it.
         #[pin]
-        idle: Sleep,
+        idle: Option<Sleep>,
         idle_timeout: Duration,
-        last_frame: Instant,
+        // When the body last went quiet after a frame, `None` once a frame comes: the clock is
+        // read once per wait, not once per frame, so a run of ready frames costs no clock
+        // reads. It is the last frame's time to within the time those frames took to pass.
+        last_frame: Option<Instant>,
         guard: StreamGuard,
         scan: StreamScan,
         // What the client got so far ends at an event's end: an error event needs no blank
@@ -342,9 +346,9 @@ impl<B> UpstreamBody<B> {
     pub fn new(inner: B, idle_timeout: Duration, guard: StreamGuard) -> Self {
         Self {
             inner,
-            idle: tokio::time::sleep(idle_timeout),
+            idle: None,
             idle_timeout,
-            last_frame: Instant::now(),
+            last_frame: None,
             guard,
             scan: StreamScan::default(),
             sent_ends_event: true,
@@ -393,7 +397,7 @@ where
         }
         let failure = match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                *this.last_frame = Instant::now();
+                *this.last_frame = None;
                 let Some(data) = frame.data_ref() else {
                     return Poll::Ready(Some(Ok(frame)));
                 };
@@ -436,13 +440,21 @@ where
                 }
             }
             Poll::Pending => {
+                let last_frame = *this.last_frame.get_or_insert_with(Instant::now);
+                let deadline = last_frame + *this.idle_timeout;
+                if this.idle.is_none() {
+                    this.idle.set(Some(tokio::time::sleep_until(deadline)));
+                }
+                let Some(mut idle) = this.idle.as_mut().as_pin_mut() else {
+                    // Set just above; never reached.
+                    return Poll::Pending;
+                };
                 loop {
-                    ready!(this.idle.as_mut().poll(cx));
-                    let deadline = *this.last_frame + *this.idle_timeout;
-                    if deadline <= this.idle.deadline() {
+                    ready!(idle.as_mut().poll(cx));
+                    if deadline <= idle.deadline() {
                         break;
                     }
-                    this.idle.as_mut().reset(deadline);
+                    idle.as_mut().reset(deadline);
                 }
                 let idle = IdleTimeout(*this.idle_timeout);
                 GatewayError {
