@@ -41,6 +41,25 @@ impl fmt::Display for Expected {
 pub struct RawObject<'a> {
     /// Keys unescaped; values as their JSON text, each known to be valid JSON.
     entries: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    /// [`key_bit`] of every key in `entries` (and of keys since removed): most lookups are of
+    /// optional fields a body does not have, and this answers them without comparing a key.
+    keys: u64,
+}
+
+/// One of 64 bits for `key`, from its length and its first and last bytes; keys that share a
+/// bit are told apart by comparing them.
+fn key_bit(key: &str) -> u64 {
+    let b = key.as_bytes();
+    let (first, last) = match b {
+        [] => (0, 0),
+        [one] => (*one, *one),
+        [first, .., last] => (*first, *last),
+    };
+    let h = (b.len() as u32)
+        .wrapping_mul(7)
+        .wrapping_add(u32::from(first).wrapping_mul(3))
+        .wrapping_add(u32::from(last));
+    1 << (h % 64)
 }
 
 /// The text of one JSON value known to be valid: read out of a body that was checked whole, or
@@ -62,6 +81,11 @@ impl<'a> From<&'a RawValue> for Raw<'a> {
 }
 
 impl<'a> RawObject<'a> {
+    fn new(entries: Vec<(Cow<'a, str>, Cow<'a, str>)>) -> Self {
+        let keys = entries.iter().fold(0, |bits, (k, _)| bits | key_bit(k));
+        Self { entries, keys }
+    }
+
     /// Parses `bytes` as one JSON object.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, serde_json::Error> {
         // Checked as UTF-8 once, whole: read from a byte slice, serde checks each key and each
@@ -90,6 +114,9 @@ impl<'a> RawObject<'a> {
     }
 
     pub fn get(&self, key: &str) -> Option<Raw<'_>> {
+        if self.keys & key_bit(key) == 0 {
+            return None;
+        }
         self.entries
             .iter()
             .find(|(k, _)| k == key)
@@ -107,6 +134,9 @@ impl<'a> RawObject<'a> {
 
     /// Takes `key` out, answering its value's JSON text.
     pub fn remove(&mut self, key: &str) -> Option<Cow<'a, str>> {
+        if self.keys & key_bit(key) == 0 {
+            return None;
+        }
         let pos = self.entries.iter().position(|(k, _)| k == key)?;
         Some(self.entries.remove(pos).1)
     }
@@ -115,9 +145,11 @@ impl<'a> RawObject<'a> {
     pub fn set(&mut self, key: &'a str, value: Box<RawValue>) {
         match self.entries.iter_mut().find(|(k, _)| k == key) {
             Some(entry) => entry.1 = Cow::Owned(text_of(value)),
-            None => self
-                .entries
-                .push((Cow::Borrowed(key), Cow::Owned(text_of(value)))),
+            None => {
+                self.keys |= key_bit(key);
+                self.entries
+                    .push((Cow::Borrowed(key), Cow::Owned(text_of(value))));
+            }
         }
     }
 
@@ -184,7 +216,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                     }
                     entries.push((key, Cow::Borrowed(value.get())));
                 }
-                Ok(RawObject { entries })
+                Ok(RawObject::new(entries))
             }
         }
 
@@ -614,10 +646,33 @@ pub fn to_bytes(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| value.to_string().into_bytes())
 }
 
-/// Writes `s` as a JSON string literal.
+/// Writes `s` as a JSON string literal, as serde_json writes it.
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    // serde_json's string escaping cannot fail when writing into a Vec.
-    let _ = serde_json::to_writer(&mut *out, s);
+    if needs_no_escape(s.as_bytes()) {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // serde_json's string escaping cannot fail when writing into a Vec.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// True when `s` has no quote, backslash or control character: JSON text as it is. Checked
+/// eight bytes at a time, where serde_json looks up each byte in a table.
+fn needs_no_escape(s: &[u8]) -> bool {
+    let mut words = s.chunks_exact(8);
+    let plain = words.all(|w| {
+        // Never short: a zero word (control characters) stands for the impossible.
+        let word = w.try_into().map_or(0, u64::from_le_bytes);
+        scan::special_bytes(word) == 0
+    });
+    plain
+        && words
+            .remainder()
+            .iter()
+            .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
 }
 
 /// A raw value from a literal the gateway itself writes.
@@ -697,6 +752,90 @@ pub fn as_object(raw: Raw<'_>) -> Result<RawObject<'_>, Expected> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_are_written_as_serde_writes_them() {
+        // Every character below 0x80 at every position of a string of up to 17 bytes, among
+        // ASCII and among two-byte UTF-8: the eight-at-a-time check and the tail's byte check.
+        for len in 0..=17 {
+            for filler in ["a", "é"] {
+                let base: Vec<char> = filler.chars().cycle().take(len).collect();
+                for at in 0..=len {
+                    for c in (0u8..0x80).map(char::from).chain(['\u{7f}', 'ÿ', '€']) {
+                        let mut chars = base.clone();
+                        chars.insert(at, c);
+                        let text: String = chars.into_iter().collect();
+                        let mut out = Vec::new();
+                        write_json_str(&mut out, &text);
+                        assert_eq!(out, serde_json::to_vec(&text).unwrap(), "{text:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lookups_find_what_a_search_of_the_keys_finds() {
+        // The request fields the gateway looks up, and keys that share their bits.
+        let names = [
+            "model",
+            "messages",
+            "stream",
+            "stream_options",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "n",
+            "stop",
+            "tools",
+            "tool_choice",
+            "logprobs",
+            "top_logprobs",
+            "thinking",
+            "input",
+            "instructions",
+            "system",
+            "metadata",
+            "user",
+            "",
+            "a",
+            "é",
+            "x_tokens",
+            "mx",
+            "nn",
+        ];
+        let search = |obj: &RawObject, k: &str| {
+            obj.entries
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.to_string())
+        };
+        for take in 0..names.len() {
+            let body = format!(
+                "{{{}}}",
+                names[..take]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| format!("\"{k}\":{i}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let mut obj = RawObject::parse(body.as_bytes()).unwrap();
+            for _ in 0..2 {
+                for k in names {
+                    assert_eq!(
+                        obj.get(k).map(|v| v.get().to_owned()),
+                        search(&obj, k),
+                        "{k} in {body}"
+                    );
+                    assert_eq!(obj.contains(k), search(&obj, k).is_some());
+                }
+                // Edited: a key removed and one added are found as a search finds them.
+                obj.remove(names[take / 2]);
+                obj.set(names[names.len() - 1 - take / 3], to_raw("v"));
+            }
+        }
+    }
 
     #[test]
     fn keeps_order_and_raw_values() {

@@ -28,7 +28,7 @@ pub fn object_in(text: &str) -> Option<RawObject<'_>> {
     if scan.peek() != Some(b'{') {
         return None;
     }
-    scan.document().map(|entries| RawObject { entries })
+    scan.document().map(RawObject::new)
 }
 
 /// Bytes `start..end` of the body.
@@ -55,13 +55,22 @@ struct Scan<'a> {
 /// The pass stops short of the limit: the full path decides what happens near it.
 const DEPTH: usize = MAX_DEPTH - 2;
 
-const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+pub(crate) const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+pub(crate) const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
 
 /// The high bit of each zero byte of `word` set; above the lowest zero byte a byte may be
 /// flagged wrongly (the subtraction borrows), at or below it never.
-fn zeros(word: u64) -> u64 {
+pub(crate) fn zeros(word: u64) -> u64 {
     word.wrapping_sub(ONES) & !word & HIGHS
+}
+
+/// The high bit set of each byte of `word` (little-endian) that a JSON string cannot hold as it
+/// is: a quote, a backslash or a control character. The lowest flagged byte is flagged exactly;
+/// above it a byte may be flagged wrongly. Zero exactly when none of the eight is one of them.
+pub(crate) fn special_bytes(word: u64) -> u64 {
+    zeros(word ^ (ONES * u64::from(b'"')))
+        | zeros(word ^ (ONES * u64::from(b'\\')))
+        | word.wrapping_sub(ONES * 0x20) & !word & HIGHS
 }
 
 impl<'a> Scan<'a> {
@@ -218,10 +227,7 @@ impl<'a> Scan<'a> {
         loop {
             // Eight bytes at a time up to the first quote, backslash or control character.
             while let Some(chunk) = self.b.get(self.i..self.i + 8) {
-                let word = u64::from_le_bytes(chunk.try_into().ok()?);
-                let special = zeros(word ^ (ONES * u64::from(b'"')))
-                    | zeros(word ^ (ONES * u64::from(b'\\')))
-                    | word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+                let special = special_bytes(u64::from_le_bytes(chunk.try_into().ok()?));
                 if special != 0 {
                     // Little-endian: the lowest flagged byte comes first, and is flagged exactly.
                     self.i += (special.trailing_zeros() / 8) as usize;
