@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use memchr::memmem::{Finder, FinderRev};
+use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 use serde_json::Value;
 
@@ -208,24 +208,20 @@ fn usage_object_in(event: &[u8]) -> bool {
 /// The counts of the last `"usage":` key in `tail` that is not inside a string and holds an
 /// object.
 fn last_usage(tail: &[u8]) -> Option<counts::Counts<'_>> {
-    static USAGE_KEY_REV: LazyLock<FinderRev<'static>> =
-        LazyLock::new(|| FinderRev::new(b"\"usage\""));
-    let needle = USAGE_KEY_REV.needle();
-    let mut end = tail.len();
-    while let Some(at) = USAGE_KEY_REV.rfind(&tail[..end]) {
+    const KEY: &[u8] = b"\"usage\"";
+    // Backwards to the key's `g`, which usage objects and what follows them seldom hold: one
+    // vector search over the object's bytes, some 70 instructions where a two-way search for
+    // the whole key took 440.
+    memchr::memrchr_iter(b'g', tail).find_map(|g| {
+        let at = g.checked_sub(4)?;
+        let rest = tail.get(at..)?.strip_prefix(KEY)?;
         // An escaped quote (`\"usage\"`) is text a model wrote, not a key.
-        if at == 0 || tail[at - 1] != b'\\' {
-            let rest = &tail[at + needle.len()..];
-            let rest = rest.trim_ascii_start();
-            if let Some(value) = rest.strip_prefix(b":") {
-                if let Some(c) = counts::Counts::object_at(value.trim_ascii_start()) {
-                    return Some(c);
-                }
-            }
+        if at.checked_sub(1).and_then(|p| tail.get(p)) == Some(&b'\\') {
+            return None;
         }
-        end = at;
-    }
-    None
+        let value = rest.trim_ascii_start().strip_prefix(b":")?;
+        counts::Counts::object_at(value.trim_ascii_start())
+    })
 }
 
 /// One stream event's usage, by protocol: a chat chunk's `usage`; Anthropic's input in
@@ -796,6 +792,124 @@ mod tests {
         let responses = r#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(read(Protocol::Responses, false, responses).total(), 7);
         assert_eq!(read(Protocol::Chat, false, "not json").total(), 0);
+    }
+
+    /// The search `last_usage` made with a two-way searcher, kept as the reference it keeps to.
+    fn last_usage_by_finder(tail: &[u8]) -> Option<counts::Counts<'_>> {
+        let finder = memchr::memmem::FinderRev::new(b"\"usage\"");
+        let mut end = tail.len();
+        while let Some(at) = finder.rfind(&tail[..end]) {
+            if at == 0 || tail[at - 1] != b'\\' {
+                let rest = tail[at + finder.needle().len()..].trim_ascii_start();
+                if let Some(value) = rest.strip_prefix(b":") {
+                    if let Some(c) = counts::Counts::object_at(value.trim_ascii_start()) {
+                        return Some(c);
+                    }
+                }
+            }
+            end = at;
+        }
+        None
+    }
+
+    /// `last_usage` of `tail`, checked to be the reference's.
+    fn checked_last_usage(tail: &[u8]) -> Option<u64> {
+        let found = last_usage(tail);
+        assert_eq!(
+            format!("{found:?}"),
+            format!("{:?}", last_usage_by_finder(tail)),
+            "{}",
+            String::from_utf8_lossy(tail)
+        );
+        found.map(|c| {
+            let mut usage = ir::Usage::default();
+            c.read_into(Protocol::Chat, &mut usage);
+            usage.input
+        })
+    }
+
+    #[test]
+    fn the_last_usage_key_holding_an_object_is_the_one_read() {
+        let cases: &[(&str, Option<u64>)] = &[
+            (
+                r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"mock-gpt","system_fingerprint":"fp_mock","choices":[{"index":0,"message":{"role":"assistant","content":"long enough","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":20,"total_tokens":60}}"#,
+                Some(40),
+            ),
+            (
+                r#"{"content":"say \"usage\": {\"prompt_tokens\": 999}","usage":{"prompt_tokens":1}}"#,
+                Some(1),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":1},"content":"say \"usage\": {\"prompt_tokens\": 999}"}"#,
+                Some(1),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":1},"x":1,"usage":{"prompt_tokens":2}}"#,
+                Some(2),
+            ),
+            (
+                r#"{"a":{"usage":{"prompt_tokens":1}},"usage":{"prompt_tokens":2}}"#,
+                Some(2),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":1},"b":{"usage":null},"c":{"usage":{"x":}}}"#,
+                Some(1),
+            ),
+            ("{\"usage\" \n:\t\r {\n\"prompt_tokens\" : 3 } }", Some(3)),
+            (r#""usage":{"prompt_tokens":4}"#, Some(4)),
+            (r#"x"usage"usage":{"prompt_tokens":5}"#, Some(5)),
+            (r#"{"xusage":{"prompt_tokens":6}}"#, None),
+            (r#"{"usagex":{"prompt_tokens":6}}"#, None),
+            (r#"\"usage":{"prompt_tokens":7}"#, None),
+            (r#"{"usage":"{\"prompt_tokens\":8}"}"#, None),
+            (r#"{"usage":{"prompt_tokens":9"#, None),
+            ("", None),
+            ("g", None),
+            ("usage\"", None),
+            ("\"usage\"", None),
+            ("\"usage\":", None),
+        ];
+        for (tail, want) in cases {
+            assert_eq!(checked_last_usage(tail.as_bytes()), *want, "{tail}");
+        }
+    }
+
+    /// Every one-piece edit of a reply's end: the search finds what the two-way search found.
+    #[test]
+    fn one_edit_from_a_reply_the_search_finds_what_it_found() {
+        let reply = r#"{"c":"a \"usage\":{\"prompt_tokens\":9}","usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":1}},"g":"usage"}"#;
+        let pieces = [
+            "\"usage\":",
+            "\"usage\"",
+            "\\",
+            "\"",
+            "{",
+            "}",
+            " ",
+            ":",
+            "g",
+            "1",
+            "{\"prompt_tokens\":2}",
+        ];
+        let mut found = 0;
+        for at in 0..=reply.len() {
+            for piece in pieces {
+                let mut edited = reply.as_bytes().to_vec();
+                edited.splice(at..at, piece.bytes());
+                found += usize::from(checked_last_usage(&edited).is_some());
+                if at < reply.len() {
+                    let mut replaced = reply.as_bytes().to_vec();
+                    replaced.splice(at..=at, piece.bytes());
+                    found += usize::from(checked_last_usage(&replaced).is_some());
+                }
+            }
+            if at < reply.len() {
+                let mut dropped = reply.as_bytes().to_vec();
+                dropped.remove(at);
+                found += usize::from(checked_last_usage(&dropped).is_some());
+            }
+        }
+        assert!(found > 1000, "usage found in only {found} edited replies");
     }
 
     #[test]

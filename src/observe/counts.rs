@@ -4,9 +4,13 @@
 //! same way (the lenient readers of `translate::lax` follow `Value::get`): a count that is not a
 //! non-negative integer is absent, a `*_details` member that is not an object holds nothing,
 //! and of a repeated key the last wins.
+//!
+//! The plain object every upstream writes is read by hand, and anything the hand reader is not
+//! sure of by serde, so that both find the same counts (the tests hold them to it).
 
 use crate::config::Protocol;
 use crate::ir::Usage;
+use crate::json::scan::{zeros, HIGHS, ONES};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::translate::lax::{lax_struct, skip_seq};
@@ -94,6 +98,12 @@ impl Counts<'_> {
         if !text.starts_with(b"{") {
             return None;
         }
+        // Every JSON reply comes here: serde's visitors cost several times the hand reader.
+        Self::by_hand(text).or_else(|| Self::by_serde(text))
+    }
+
+    /// [`Self::object_at`] as serde reads it, for what the hand reader is unsure of.
+    fn by_serde(text: &[u8]) -> Option<Counts<'_>> {
         // The text runs from the object to the reply's end: UTF-8 unless the reply is not, so
         // it is checked once, whole, rather than string by string as bytes would be.
         match std::str::from_utf8(text) {
@@ -156,6 +166,302 @@ impl Counts<'_> {
             }
         }
     }
+}
+
+/// Containers open at once past which the hand reader leaves the text to serde (which refuses
+/// past 128).
+const DEEPEST: usize = 64;
+
+// The hand reader, for the plain usage object every upstream writes: functions of the text and
+// a position that answer where what they read ends, so the position stays in a register. Each
+// answers `None` when unsure, and what it accepts serde accepts: what is skipped is checked as
+// serde checks it, and anything unusual (a `-` or a fraction where a count may be, a `\u`
+// escape or a byte past ASCII, an escaped key, deep nesting) is left to serde, which also
+// names every text that is no object as such.
+
+impl Counts<'_> {
+    /// The counts of the object at the start of `text`, when the hand reader is sure of them.
+    fn by_hand(text: &[u8]) -> Option<Counts<'_>> {
+        let mut out = Counts::default();
+        // Assigning each member as it comes leaves the last of a repeated key, as serde does.
+        // Keys are compared whole (a word or two at a time), not by slice patterns (a byte at
+        // a time).
+        object(text, 0, |key, at| match key {
+            k if k == b"prompt_tokens" => count(text, at, 1, &mut out.prompt_tokens),
+            k if k == b"completion_tokens" => count(text, at, 1, &mut out.completion_tokens),
+            k if k == b"input_tokens" => count(text, at, 1, &mut out.input_tokens),
+            k if k == b"output_tokens" => count(text, at, 1, &mut out.output_tokens),
+            k if k == b"cache_read_input_tokens" => {
+                count(text, at, 1, &mut out.cache_read_input_tokens)
+            }
+            k if k == b"cache_creation_input_tokens" => {
+                count(text, at, 1, &mut out.cache_creation_input_tokens)
+            }
+            k if k == b"prompt_tokens_details" => details(text, at, &mut out.prompt),
+            k if k == b"completion_tokens_details" => details(text, at, &mut out.completion),
+            k if k == b"input_tokens_details" => details(text, at, &mut out.input),
+            k if k == b"output_tokens_details" => details(text, at, &mut out.output),
+            _ => skip(text, at, 1),
+        })?;
+        Some(out)
+    }
+}
+
+/// Reads the object whose `{` is at `i`: `member` reads each member's value, given its key and
+/// where the value starts, and answers where the value ends. Answers where the object ends.
+#[inline]
+fn object(
+    b: &[u8],
+    i: usize,
+    mut member: impl FnMut(&[u8], usize) -> Option<usize>,
+) -> Option<usize> {
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    let mut i = space(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let (end, escaped) = string(b, i + 1)?;
+        // An escaped key would have to be unescaped to be matched: serde's to do.
+        if escaped {
+            return None;
+        }
+        let key = b.get(i + 1..end - 1)?;
+        i = space(b, member(key, colon(b, end)?)?);
+        match b.get(i)? {
+            b',' => i = space(b, i + 1),
+            b'}' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// Reads a `*_details` member's value at `i` into `into`: an object's counts, or nothing for
+/// any other value.
+fn details(b: &[u8], i: usize, into: &mut Details<'_>) -> Option<usize> {
+    // The whole value is replaced, as serde replaces it when the key repeats.
+    *into = Details::default();
+    if b.get(i) != Some(&b'{') {
+        // Serde reads it as any value: a number must be one it reads without error.
+        return count(b, i, 1, &mut Count::default());
+    }
+    object(b, i, |key, at| match key {
+        k if k == b"cached_tokens" => count(b, at, 2, &mut into.cached_tokens),
+        k if k == b"cache_write_tokens" => count(b, at, 2, &mut into.cache_write_tokens),
+        k if k == b"reasoning_tokens" => count(b, at, 2, &mut into.reasoning_tokens),
+        k if k == b"thinking_tokens" => count(b, at, 2, &mut into.thinking_tokens),
+        _ => skip(b, at, 2),
+    })
+}
+
+/// Reads a value where serde reads any JSON value, at `i` inside `open` containers, into
+/// `into`: an integer that is a u64 counts, any other value is skipped and counts nothing.
+fn count(b: &[u8], i: usize, open: usize, into: &mut Count) -> Option<usize> {
+    match b.get(i)? {
+        b'0'..=b'9' => {
+            let (n, end) = integer(b, i)?;
+            *into = Count(Some(n));
+            Some(end)
+        }
+        // Negative and oversized integers, fractions and exponents are read by serde as i64 or
+        // f64, and an f64 out of range fails the whole object: serde decides.
+        b'-' => None,
+        _ => {
+            *into = Count(None);
+            skip(b, i, open)
+        }
+    }
+}
+
+/// The `0` or `[1-9][0-9]*` at `i`, when it is a whole number that fits in u64 (what serde
+/// reads as u64), and where it ends.
+fn integer(b: &[u8], i: usize) -> Option<(u64, usize)> {
+    let mut n: u64 = 0;
+    let mut end = i;
+    while let Some(&d @ b'0'..=b'9') = b.get(end) {
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        end += 1;
+    }
+    let leading_zero = end - i > 1 && b.get(i) == Some(&b'0');
+    if end == i || leading_zero || matches!(b.get(end), Some(b'.' | b'e' | b'E')) {
+        return None;
+    }
+    Some((n, end))
+}
+
+/// Past the space, colon and space after a key that ends at `i`.
+fn colon(b: &[u8], i: usize) -> Option<usize> {
+    let i = space(b, i);
+    (b.get(i) == Some(&b':')).then(|| space(b, i + 1))
+}
+
+/// Skips the value at `i` inside `open` containers, checked as serde checks what it ignores;
+/// answers where it ends.
+fn skip(b: &[u8], i: usize, open: usize) -> Option<usize> {
+    // A number (`total_tokens`) is the value usually skipped: read without the loop.
+    match b.get(i)? {
+        b'-' | b'0'..=b'9' => number(b, i),
+        _ => skip_any(b, i, open),
+    }
+}
+
+/// [`skip`] for any value.
+fn skip_any(b: &[u8], mut i: usize, open: usize) -> Option<usize> {
+    // One bit per container opened here, set for an object: nesting is bounded by `DEEPEST`,
+    // so no stack is allocated.
+    let mut objects: u64 = 0;
+    let mut depth = 0;
+    'value: loop {
+        // At the first byte of a value.
+        match *b.get(i)? {
+            bracket @ (b'{' | b'[') => {
+                if open + depth >= DEEPEST {
+                    return None;
+                }
+                let object = bracket == b'{';
+                i = space(b, i + 1);
+                if b.get(i) != Some(if object { &b'}' } else { &b']' }) {
+                    objects = objects << 1 | u64::from(object);
+                    depth += 1;
+                    if object {
+                        i = key(b, i)?;
+                    }
+                    continue 'value;
+                }
+                i += 1;
+            }
+            b'"' => i = string(b, i + 1)?.0,
+            b't' => i = literal(b, i, b"true")?,
+            b'f' => i = literal(b, i, b"false")?,
+            b'n' => i = literal(b, i, b"null")?,
+            b'-' | b'0'..=b'9' => i = number(b, i)?,
+            _ => return None,
+        }
+        // A value has ended: close what it closes, up to the next value.
+        while depth > 0 {
+            i = space(b, i);
+            let object = objects & 1 == 1;
+            match (b.get(i)?, object) {
+                (b',', _) => {
+                    i = space(b, i + 1);
+                    if object {
+                        i = key(b, i)?;
+                    }
+                    continue 'value;
+                }
+                (b']', false) | (b'}', true) => {
+                    i += 1;
+                    objects >>= 1;
+                    depth -= 1;
+                }
+                _ => return None,
+            }
+        }
+        return Some(i);
+    }
+}
+
+/// Past the key at `i` of a skipped object, up to its value.
+fn key(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    colon(b, string(b, i + 1)?.0)
+}
+
+/// The string whose opening quote ends at `i`: where it ends (past its closing quote), and
+/// whether it had an escape. Control characters and malformed escapes are refused, as serde
+/// refuses them. So are `\u` and bytes past ASCII, which serde checks in some strings and not
+/// in others: surrogates where it keeps the string, UTF-8 where it keeps it from a reply that
+/// is not UTF-8 (its slice reader).
+// Inlined: read for every key, a call costs as much as its work.
+#[inline(always)]
+fn string(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
+    let mut escaped = false;
+    loop {
+        // Eight bytes at a time up to the first quote, backslash, control character or byte past
+        // ASCII (a byte flagged by its high bit, or a byte below 0x20 by the subtraction).
+        while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+            let word = u64::from_le_bytes(*chunk);
+            let special = zeros(word ^ (ONES * u64::from(b'"')))
+                | zeros(word ^ (ONES * u64::from(b'\\')))
+                | (word.wrapping_sub(ONES * 0x20) | word) & HIGHS;
+            if special != 0 {
+                // Little-endian: the lowest flagged byte comes first, and is flagged exactly.
+                i += (special.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        match *b.get(i)? {
+            b'"' => return Some((i + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                match b.get(i + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                    _ => return None,
+                }
+            }
+            0..=0x1f | 0x80.. => return None,
+            _ => i += 1,
+        }
+    }
+}
+
+/// Past `word` at `i`.
+fn literal(b: &[u8], i: usize, word: &[u8]) -> Option<usize> {
+    b.get(i..)?.starts_with(word).then_some(i + word.len())
+}
+
+/// Past the `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` at `i`; what follows is the
+/// caller's to check.
+fn number(b: &[u8], mut i: usize) -> Option<usize> {
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i)? {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits(b, i),
+        _ => return None,
+    }
+    if b.get(i) == Some(&b'.') {
+        i = some_digits(b, i + 1)?;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        i = some_digits(b, i)?;
+    }
+    Some(i)
+}
+
+/// Past the digits at `i`.
+fn digits(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i
+}
+
+/// Past the digits at `i`, at least one.
+fn some_digits(b: &[u8], i: usize) -> Option<usize> {
+    let end = digits(b, i);
+    (end > i).then_some(end)
+}
+
+/// Past the JSON space at `i`.
+fn space(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
 }
 
 #[cfg(test)]
@@ -237,6 +543,289 @@ mod tests {
         );
         assert_eq!(by_counts(Protocol::Chat, text).cache_read, 0);
     }
+
+    /// Whether the hand reader answered for `text`; when it did, it found what serde finds,
+    /// field for field and in every protocol's reading. Whatever it did, `object_at` answers
+    /// as serde does.
+    fn agrees(text: &[u8]) -> bool {
+        let shown = String::from_utf8_lossy(text);
+        let serde = Counts::by_serde(text).filter(|_| text.starts_with(b"{"));
+        assert_eq!(
+            format!("{:?}", Counts::object_at(text)),
+            format!("{serde:?}"),
+            "{shown}"
+        );
+        let Some(quick) = Counts::by_hand(text) else {
+            return false;
+        };
+        let Some(serde) = serde else {
+            panic!("the hand reader read what serde refuses: {shown}");
+        };
+        assert_eq!(format!("{quick:?}"), format!("{serde:?}"), "{shown}");
+        for protocol in [Protocol::Chat, Protocol::Messages, Protocol::Responses] {
+            let (mut by_hand, mut by_serde) = (SEVENS, SEVENS);
+            quick.read_into(protocol, &mut by_hand);
+            serde.read_into(protocol, &mut by_serde);
+            assert_eq!(by_hand, by_serde, "{protocol:?} {shown}");
+        }
+        true
+    }
+
+    #[test]
+    fn what_upstreams_write_takes_the_hand_reader() {
+        let objects = [
+            r#"{"prompt_tokens":40,"completion_tokens":20,"total_tokens":60}}"#,
+            r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_1"}"#,
+            r#"{"input_tokens":25,"cache_creation_input_tokens":0,"cache_read_input_tokens":12,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"output_tokens":12,"service_tier":"standard","server_tool_use":null}}"#,
+            r#"{"input_tokens":40,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":60},"user":null,"metadata":{}}"#,
+            "{\n  \"prompt_tokens\" : 5 ,\r\n\t\"completion_tokens\":\t6\n}\n",
+            r#"{"output_tokens":30}}\n\n"#,
+            "{}",
+            "{ }",
+            // What follows the object is not looked at, whatever it is.
+            "{\"prompt_tokens\":1} garbage \u{1} \"",
+        ];
+        for text in objects {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+        let mut after = br#"{"prompt_tokens":2}"#.to_vec();
+        after.extend_from_slice(b"\xff\xfe");
+        assert!(agrees(&after));
+    }
+
+    /// What serde reads as a count, checked rather than assumed: the hand reader must agree.
+    #[test]
+    fn a_count_is_what_serde_reads_as_a_u64() {
+        // `None`: the object is refused; `Some(None)`: read, and the count absent.
+        let cases: &[(&str, Option<Option<u64>>)] = &[
+            ("0", Some(Some(0))),
+            ("40", Some(Some(40))),
+            ("18446744073709551615", Some(Some(u64::MAX))),
+            ("18446744073709551616", Some(None)),
+            ("123456789012345678901234567890", Some(None)),
+            ("-0", Some(None)),
+            ("-1", Some(None)),
+            ("-9223372036854775809", Some(None)),
+            ("1.0", Some(None)),
+            ("0.5", Some(None)),
+            ("1e2", Some(None)),
+            ("1E+2", Some(None)),
+            ("-1e-2", Some(None)),
+            ("\"5\"", Some(None)),
+            ("true", Some(None)),
+            ("null", Some(None)),
+            ("[3]", Some(None)),
+            ("{\"n\":3}", Some(None)),
+            // Skipped inside a container, a number is only checked to be one.
+            ("[1e400, -0, 18446744073709551616]", Some(None)),
+            ("{\"n\":1e400}", Some(None)),
+            // Read as a number where a count may be, an f64 out of range fails the object.
+            ("1e400", None),
+            (&"9".repeat(400), None),
+            ("01", None),
+            ("1.", None),
+            ("-", None),
+            ("+1", None),
+            (".5", None),
+            ("1e", None),
+            ("tru", None),
+            ("\"\\u12\"", None),
+            ("\"a\u{1}\"", None),
+        ];
+        for (value, want) in cases {
+            for text in [
+                format!("{{\"prompt_tokens\":{value}}}"),
+                format!("{{\"prompt_tokens_details\":{{\"cached_tokens\":{value}}}}}"),
+            ] {
+                let got = |c: Option<Counts<'_>>| {
+                    c.map(|c| c.prompt_tokens.as_u64().or(c.prompt.cached_tokens.as_u64()))
+                };
+                assert_eq!(
+                    got(Counts::by_serde(text.as_bytes())),
+                    *want,
+                    "serde: {text}"
+                );
+                assert_eq!(got(Counts::object_at(text.as_bytes())), *want, "{text}");
+                agrees(text.as_bytes());
+            }
+            // Details that are not an object hold nothing, but are read as any value.
+            let text = format!("{{\"prompt_tokens_details\":{value}}}");
+            let refused = want.is_none();
+            assert_eq!(
+                Counts::object_at(text.as_bytes()).is_none(),
+                refused,
+                "{text}"
+            );
+            agrees(text.as_bytes());
+        }
+    }
+
+    #[test]
+    fn tricky_objects_are_read_as_serde_reads_them() {
+        let deep = |n: usize| format!("{{\"x\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+        let taken = [
+            r#"{"x":"esc \" \\ \/ \b \f \n \r \t","prompt_tokens":3}"#.to_owned(),
+            r#"{"x":"a \"usage\": {\"prompt_tokens\": 999}","completion_tokens":4}"#.to_owned(),
+            r#"{"prompt_tokens":1,"prompt_tokens":8,"prompt_tokens":"x"}"#.to_owned(),
+            r#"{"prompt_tokens_details":{"cached_tokens":3},"prompt_tokens_details":{"cache_write_tokens":2}}"#.to_owned(),
+            r#"{"input_tokens_details":{"cached_tokens":1,"cached_tokens":2,"x":[{"cached_tokens":5}]}}"#.to_owned(),
+            r#"{"usage":{"prompt_tokens":9},"prompt_tokens":2}"#.to_owned(),
+            " { \"output_tokens\" \n:\n 7 \t, \"x\" : [ 1 , { \"a\" : [ ] } , true , false , null ] } ".trim_start().to_owned(),
+            r#"{"output_tokens_details":{"thinking_tokens":6,"reasoning_tokens":"-1"},"output_tokens":{}}"#.to_owned(),
+            // The object and 63 arrays: `DEEPEST` containers open at once.
+            deep(63),
+        ];
+        for text in &taken {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+        let left = [
+            r#"{"x":"héllo — 日本 😀","output_tokens":1}"#.to_owned(),
+            r#"{"é":1,"output_tokens":2}"#.to_owned(),
+            r#"{"x":"\u00e9","prompt_tokens":3}"#.to_owned(),
+            r#"{"x":"\ud800","prompt_tokens":3}"#.to_owned(),
+            r#"{"prompt\u005ftokens":3}"#.to_owned(),
+            r#"{"prompt_tokens\n":3}"#.to_owned(),
+            r#"{"prompt_tokens":-2}"#.to_owned(),
+            "{\"x\":\"tab\tin\",\"prompt_tokens\":3}".to_owned(),
+            "{\"x\":\"nul\u{0}\"}".to_owned(),
+            "{\"x\":\"unit separator \u{1f}\"}".to_owned(),
+            "{\"x\":[\"\u{10}\"]}".to_owned(),
+            r#"{"x":"\q"}"#.to_owned(),
+            r#"{"prompt_tokens":3"#.to_owned(),
+            r#"{"prompt_tokens":3,"#.to_owned(),
+            r#"{"prompt_tokens":3,}"#.to_owned(),
+            r#"{"prompt_tokens" 3}"#.to_owned(),
+            r#"{"prompt_tokens":3 "x":1}"#.to_owned(),
+            r#"{"x":[1,]}"#.to_owned(),
+            r#"{"x":[1}"#.to_owned(),
+            r#"{"x":{"a"}}"#.to_owned(),
+            r#"{"x":{1:2}}"#.to_owned(),
+            r#"{'x':1}"#.to_owned(),
+            r#"{"x":nulll}"#.to_owned(),
+            r#"{"x":"unterminated}"#.to_owned(),
+            deep(64),
+            deep(127),
+            deep(200),
+        ];
+        for text in &left {
+            assert!(!agrees(text.as_bytes()), "the hand reader answered: {text}");
+        }
+        // Bytes past ASCII inside the object, UTF-8 or not, met in a whole word or a last few
+        // bytes, are serde's to read.
+        for bad in [&b"\xff"[..], b"\xc3", b"\xed\xa0\x80", b"\xc3\xa9", b"\x80"] {
+            for (before, after) in [("", ""), ("", "12345678"), ("1234567", ""), ("12", "3")] {
+                let mut text = format!(r#"{{"x":"{before}"#).into_bytes();
+                text.extend_from_slice(bad);
+                text.extend_from_slice(format!(r#"{after}","output_tokens":3}}"#).as_bytes());
+                assert!(!agrees(&text), "{bad:?}");
+            }
+        }
+    }
+
+    /// Every one-piece edit of usage objects (a piece inserted, a byte replaced or dropped), so
+    /// the hand reader meets objects one step from valid everywhere: it answers for some, and
+    /// must agree with serde on each.
+    #[test]
+    fn one_edit_from_valid_the_hand_reader_still_agrees() {
+        let objects = [
+            r#"{"prompt_tokens":40,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":4},"x":[1,{"y":"a\"b"}]}"#,
+            r#"{"input_tokens":1,"output_tokens_details":{"thinking_tokens":2,"reasoning_tokens":3},"cache_read_input_tokens":0,"t":null}"#,
+        ];
+        let mut answered = 0;
+        for text in objects {
+            for at in 0..=text.len() {
+                for piece in PIECES {
+                    let mut edited = text.as_bytes().to_vec();
+                    edited.splice(at..at, piece.bytes());
+                    answered += usize::from(agrees(&edited));
+                    if at < text.len() {
+                        let mut replaced = text.as_bytes().to_vec();
+                        replaced.splice(at..=at, piece.bytes());
+                        answered += usize::from(agrees(&replaced));
+                    }
+                }
+                if at < text.len() {
+                    let mut dropped = text.as_bytes().to_vec();
+                    dropped.remove(at);
+                    answered += usize::from(agrees(&dropped));
+                }
+            }
+        }
+        assert!(
+            answered > 1000,
+            "the hand reader answered for only {answered}"
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(1024))]
+
+        /// Usage objects made of likely and unlikely members, then edited byte by byte: the
+        /// hand reader never answers otherwise than serde.
+        #[test]
+        fn the_hand_reader_never_answers_otherwise_than_serde(
+            members in proptest::collection::vec(
+                (0..KEYS.len(), 0..=VALUES.len(), 0..SPACES.len()), 0..8),
+            inner in proptest::collection::vec(
+                (0..KEYS.len(), 0..VALUES.len(), 0..SPACES.len()), 0..5),
+            edits in proptest::collection::vec((0usize..400, 0u8..3, 0..PIECES.len()), 0..3),
+        ) {
+            let object = |members: &[(usize, usize, usize)], inner: &str| {
+                let body = members
+                    .iter()
+                    .map(|&(k, v, s)| {
+                        let value = VALUES.get(v).copied().unwrap_or(inner);
+                        let space = SPACES[s];
+                        format!("{space}\"{}\"{space}:{space}{value}{space}", KEYS[k])
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                format!("{{{body}}}")
+            };
+            let inner = object(&inner, "{}");
+            let mut text = object(&members, &inner).into_bytes();
+            agrees(&text);
+            for (at, op, piece) in edits {
+                let at = at % (text.len() + 1);
+                let piece = PIECES[piece].as_bytes();
+                match op {
+                    0 => drop(text.splice(at..at, piece.iter().copied())),
+                    1 if at < text.len() => drop(text.splice(at..=at, piece.iter().copied())),
+                    _ if at < text.len() => drop(text.remove(at)),
+                    _ => {}
+                }
+                agrees(&text);
+            }
+        }
+    }
+
+    #[rustfmt::skip]
+    const KEYS: &[&str] = &[
+        "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens",
+        "cache_read_input_tokens", "cache_creation_input_tokens", "prompt_tokens_details",
+        "completion_tokens_details", "input_tokens_details", "output_tokens_details",
+        "cached_tokens", "cache_write_tokens", "reasoning_tokens", "thinking_tokens",
+        "total_tokens", "x", "prompt\\u005ftokens", "é", "",
+    ];
+
+    #[rustfmt::skip]
+    const VALUES: &[&str] = &[
+        "0", "7", "40", "18446744073709551615", "18446744073709551616", "-0", "-3", "1.5",
+        "2e3", "1e400", "01", "\"9\"", "\"a\\\"b\\\\c\\/\\n\"", "\"\\u00e9\"", "\"é\"", "true",
+        "false", "null", "[]", "[1,[2,{\"k\":-1.5e-3}]]", "{}", "{\"cached_tokens\":3}",
+        "{\"reasoning_tokens\":5,\"cached_tokens\":\"x\",\"thinking_tokens\":[1]}",
+        "{\"cache_write_tokens\":2,\"other\":{\"cached_tokens\":9}}",
+    ];
+
+    const SPACES: &[&str] = &["", " ", "\n  ", "\t", "\r\n"];
+
+    #[rustfmt::skip]
+    const PIECES: &[&str] = &[
+        "\"a\"", ":", ",", "{", "}", "[", "]", " ", "\n", "1", "-", "0", ".", "5", "e", "+",
+        "true", "null", "fals", "\"x\\\"y\"", "\"\\u00e9\"", "\"\\q\"", "\t", "\"", "\\", "\"é\"",
+        "\"\u{1}\"", "01", "\"prompt_tokens\":", "\u{1}", "\u{10}", "\u{1f}", "\u{7f}", "\u{80}", "\u{ff}",
+        "18446744073709551616",
+    ];
 
     #[test]
     fn anything_but_an_object_is_no_usage() {
