@@ -7,7 +7,8 @@
 # Needs valgrind, oha, and the benchbed's mock-upstream built.
 #   benches/footprint.sh [BIN|nginx] [N]
 # With `nginx`, the same count for Debian's nginx in the benchbed's configuration, run as one
-# process, for comparison.
+# process, for comparison. With CG_KEEP=DIR the two cachegrind outputs are kept there (for
+# cg_diff and cg_annotate).
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 target=${1:-target/release/modelgate}
@@ -50,6 +51,7 @@ count() {
     kill -INT "$pid" 2>/dev/null || true
     kill -QUIT "$pid" 2>/dev/null || true
     wait "$pid" || true
+    if [ -n "${CG_KEEP:-}" ]; then mkdir -p "$CG_KEEP" && cp "$out" "$CG_KEEP/"; fi
     grep '^summary:' "$out"
 }
 zero=$(count 0)
