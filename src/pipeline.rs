@@ -1248,6 +1248,7 @@ pub(crate) async fn read_body(
                 let silent = now + limits.client_body_timeout;
                 match tokio::time::timeout_at(paced.min(silent), next).await {
                     Ok(frame) => Ok(frame),
+                    // Which limit ran out: the pace (true) or the silence (false).
                     Err(_) => Err(paced < silent),
                 }
             }
