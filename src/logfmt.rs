@@ -107,14 +107,9 @@ fn escaped(b: u8) -> bool {
 /// may also flag the bytes above a flagged one). Bytes of 0x80 and up, UTF-8's, are never
 /// flagged: their high bit is set, and each test keeps only bytes whose high bit was clear.
 fn escaped_bytes(x: u64) -> u64 {
-    const ONES: u64 = u64::from_le_bytes([1; 8]);
-    const HIGH: u64 = ONES * 0x80;
-    let zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    let below_space = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
-    below_space
-        | zero_byte(x ^ (ONES * u64::from(b'"')))
-        | zero_byte(x ^ (ONES * u64::from(b'\\')))
-        | zero_byte(x ^ (ONES * 0x7f))
+    use crate::json::scan::{special_bytes, zeros, ONES};
+    // JSON's special bytes, and DEL, which a log line escapes too.
+    special_bytes(x) | zeros(x ^ (ONES * 0x7f))
 }
 
 /// ` name="value"`, through `Debug` when the value needs escaping.

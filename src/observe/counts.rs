@@ -10,7 +10,7 @@
 
 use crate::config::Protocol;
 use crate::ir::Usage;
-use crate::json::scan::{zeros, HIGHS, ONES};
+use crate::json::scan::{special_bytes, HIGHS};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::translate::lax::{lax_struct, skip_seq};
@@ -388,9 +388,7 @@ fn string(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
         // ASCII (a byte flagged by its high bit, or a byte below 0x20 by the subtraction).
         while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
             let word = u64::from_le_bytes(*chunk);
-            let special = zeros(word ^ (ONES * u64::from(b'"')))
-                | zeros(word ^ (ONES * u64::from(b'\\')))
-                | (word.wrapping_sub(ONES * 0x20) | word) & HIGHS;
+            let special = special_bytes(word) | word & HIGHS;
             if special != 0 {
                 // Little-endian: the lowest flagged byte comes first, and is flagged exactly.
                 i += (special.trailing_zeros() / 8) as usize;
