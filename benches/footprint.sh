@@ -5,7 +5,9 @@
 # request rate, what a request costs is mostly these lines fetched anew (the machine runs other
 # work between requests), more than its instructions; the counts are repeatable, unlike timings.
 # Needs valgrind, oha, and the benchbed's mock-upstream built.
-#   benches/footprint.sh [BIN|nginx] [N]
+#   benches/footprint.sh [BIN|nginx] [N] [json|messages]
+# (messages: the benchbed's S3, an Anthropic Messages request the gateway translates to the
+# chat upstream; nginx passes it through, as in the benchbed.)
 # With `nginx`, the same count for Debian's nginx in the benchbed's configuration, run as one
 # process, for comparison. With CG_KEEP=DIR the two cachegrind outputs are kept there (for
 # cg_diff and cg_annotate).
@@ -13,9 +15,15 @@ set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 target=${1:-target/release/modelgate}
 n=${2:-300}
+kind=${3:-json}
 mport=${MOCK_PORT:-18380}
 port=${GATEWAY_PORT:-18390}
 body=$chat_body
+path=/v1/chat/completions
+if [ "$kind" = messages ]; then
+    body=$messages_body
+    path=/v1/messages
+fi
 work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 start_mock "$mport" "$work/mock.log"
@@ -38,13 +46,13 @@ count() {
     # One request before counting in both runs, so first-request costs cancel out.
     for _ in $(seq 150); do
         curl -sf -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
-            -d "$body" "http://127.0.0.1:$port/v1/chat/completions" && break
+            -d "$body" "http://127.0.0.1:$port$path" && break
         sleep 0.2
     done
     if [ "$reqs" -gt 0 ]; then
         oha -n "$reqs" -c 1 --no-tui -m POST -H "authorization: Bearer $key" \
             -H 'content-type: application/json' -d "$body" \
-            "http://127.0.0.1:$port/v1/chat/completions" > /dev/null
+            "http://127.0.0.1:$port$path" > /dev/null
     fi
     sleep 0.5
     # The gateway stops on SIGINT; nginx, run as one process, on SIGQUIT.
@@ -56,12 +64,12 @@ count() {
 }
 zero=$(count 0)
 many=$(count "$n")
-python3 - "$zero" "$many" "$n" "$target" <<'EOF'
+python3 - "$zero" "$many" "$n" "$target" "$kind" <<'EOF'
 import sys
-zero, many, n, target = sys.argv[1].split()[1:], sys.argv[2].split()[1:], int(sys.argv[3]), sys.argv[4]
+zero, many, n, target, kind = sys.argv[1].split()[1:], sys.argv[2].split()[1:], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 names = "Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw".split()
 per = {k: (int(b) - int(a)) / n for k, a, b in zip(names, zero, many)}
-print(f"{target}: per request {per['Ir']:.0f} instructions, {per['I1mr']:.0f} code lines and "
+print(f"{target} ({kind}): per request {per['Ir']:.0f} instructions, {per['I1mr']:.0f} code lines and "
       f"{per['D1mr'] + per['D1mw']:.0f} data lines missed in L1 "
       f"({per['ILmr'] + per['DLmr'] + per['DLmw']:.0f} in the last level), {n} requests")
 EOF

@@ -12,8 +12,6 @@ use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 use serde_json::Value;
 
-mod counts;
-
 use crate::config::Protocol;
 use crate::limits::Meter;
 use crate::metrics::{
@@ -207,7 +205,7 @@ fn usage_object_in(event: &[u8]) -> bool {
 
 /// The counts of the last `"usage":` key in `tail` that is not inside a string and holds an
 /// object.
-fn last_usage(tail: &[u8]) -> Option<counts::Counts<'_>> {
+fn last_usage(tail: &[u8]) -> Option<translate::counts::Counts<'_>> {
     const KEY: &[u8] = b"\"usage\"";
     // Backwards to the key's `g`, which usage objects and what follows them seldom hold: one
     // vector search over the object's bytes, some 70 instructions where a two-way search for
@@ -220,7 +218,7 @@ fn last_usage(tail: &[u8]) -> Option<counts::Counts<'_>> {
             return None;
         }
         let value = rest.trim_ascii_start().strip_prefix(b":")?;
-        counts::Counts::object_at(value.trim_ascii_start())
+        translate::counts::Counts::object_at(value.trim_ascii_start())
     })
 }
 
@@ -795,14 +793,15 @@ mod tests {
     }
 
     /// The search `last_usage` made with a two-way searcher, kept as the reference it keeps to.
-    fn last_usage_by_finder(tail: &[u8]) -> Option<counts::Counts<'_>> {
+    fn last_usage_by_finder(tail: &[u8]) -> Option<translate::counts::Counts<'_>> {
         let finder = memchr::memmem::FinderRev::new(b"\"usage\"");
         let mut end = tail.len();
         while let Some(at) = finder.rfind(&tail[..end]) {
             if at == 0 || tail[at - 1] != b'\\' {
                 let rest = tail[at + finder.needle().len()..].trim_ascii_start();
                 if let Some(value) = rest.strip_prefix(b":") {
-                    if let Some(c) = counts::Counts::object_at(value.trim_ascii_start()) {
+                    if let Some(c) = translate::counts::Counts::object_at(value.trim_ascii_start())
+                    {
                         return Some(c);
                     }
                 }

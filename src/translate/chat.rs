@@ -6,8 +6,11 @@ use super::common::*;
 use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
-use crate::translate::lax::{lax_struct, Loose, Raw};
+use crate::translate::counts::Counts;
+use crate::translate::lax::{lax_struct, Loose};
+use serde::de::IgnoredAny;
 
+mod reply;
 mod request;
 mod stream;
 
@@ -70,7 +73,7 @@ lax_struct! {
         model: Loose<'a>,
         created: Loose<'a>,
         choices: Loose<'a, Choice<'a>>,
-        usage: Raw<'a>,
+        usage: Loose<'a, IgnoredAny, Counts<'a>>,
     }
 }
 
@@ -147,13 +150,11 @@ pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
             arguments: c.function.arguments.as_str().unwrap_or("").to_owned(),
         });
     }
-    // The usage is a few numbers: read through `Value`, by the same reader as everywhere.
-    let usage = v
-        .usage
-        .0
-        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-        .map(|u| usage_from(&u))
-        .unwrap_or_default();
+    // A usage that is no object counts nothing, as `usage_from` reads it.
+    let mut usage = Usage::default();
+    if let Some(counts) = v.usage.as_object() {
+        counts.read_into(crate::config::Protocol::Chat, &mut usage);
+    }
     Ok(ir::Response {
         id: v.id.as_str().unwrap_or("").to_owned(),
         model: v.model.as_str().unwrap_or("").to_owned(),

@@ -1,4 +1,4 @@
-//! A reply's `usage` object read straight into counts, in any protocol's words, with no `Value` tree: every JSON reply's usage is read for the access log and the metrics.
+//! A reply's `usage` object read straight into counts, in any protocol's words, with no `Value` tree: every JSON reply's usage is read for the access log and the metrics, and a chat reply's for its translation.
 //!
 //! It reads what `translate::{chat, messages, responses}::usage_from` read from a `Value`, the
 //! same way (the lenient readers of `translate::lax` follow `Value::get`): a count that is not a
@@ -18,7 +18,7 @@ use crate::translate::lax::{lax_struct, skip_seq};
 /// Any JSON value, kept only when it is a non-negative integer (what `Loose::as_u64` reads):
 /// an eighth of a `Loose`'s size, and the usage object is moved whole several times.
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Count(Option<u64>);
+pub(crate) struct Count(Option<u64>);
 
 impl Count {
     fn as_u64(self) -> Option<u64> {
@@ -67,7 +67,7 @@ impl<'de> Deserialize<'de> for Count {
 
 lax_struct! {
     /// The counts a usage object may hold, in any protocol's words.
-    pub(super) struct Counts<'a> {
+    pub(crate) struct Counts<'a> {
         prompt_tokens: Count,
         completion_tokens: Count,
         input_tokens: Count,
@@ -94,7 +94,7 @@ lax_struct! {
 impl Counts<'_> {
     /// Reads the usage object at the start of `text` (what follows it is not looked at);
     /// `None` when it is not an object or not JSON.
-    pub(super) fn object_at(text: &[u8]) -> Option<Counts<'_>> {
+    pub(crate) fn object_at(text: &[u8]) -> Option<Counts<'_>> {
         if !text.starts_with(b"{") {
             return None;
         }
@@ -121,7 +121,7 @@ impl Counts<'_> {
 
     /// Adds what `protocol` reads from this object to `into`: chat and responses replace the
     /// usage, messages (whose stream splits it over two events) merges what is present.
-    pub(super) fn read_into(&self, protocol: Protocol, into: &mut Usage) {
+    pub(crate) fn read_into(&self, protocol: Protocol, into: &mut Usage) {
         let n = |v: &Count| v.as_u64().unwrap_or(0);
         // Chat and responses both count cache reads and writes inside the prompt's total.
         let replace = |prompt: &Count, details: &Details<'_>, output: &Count, reasoning| {
