@@ -149,7 +149,7 @@ impl UpstreamClient {
         req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         let plain = req.uri().scheme() == Some(&http::uri::Scheme::HTTP);
-        let fut = async {
+        let fut = std::pin::pin!(async {
             if plain {
                 match self.plain.send(req).await {
                     Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
@@ -158,7 +158,7 @@ impl UpstreamClient {
             } else {
                 self.shared(upstream, req).await
             }
-        };
+        });
         self.timed(upstream, fut).await
     }
 
@@ -173,8 +173,9 @@ impl UpstreamClient {
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         let name = upstream.name.as_str();
         let plain = uri.scheme() == Some(&http::uri::Scheme::HTTP);
-        // One future for both ways, so the request's future is sized for the larger, not both.
-        let fut = async move {
+        // One future for both ways, so the request's future is sized for the larger, not both;
+        // pinned where it is made, so that it is not moved again into the timeout's.
+        let fut = std::pin::pin!(async move {
             if plain {
                 let emit = |e: &mut h1::codec::Emit<'_>| headers.each(e);
                 match self.plain.send_with(&Method::POST, &uri, emit, body).await {
@@ -185,7 +186,7 @@ impl UpstreamClient {
                 let req = request(Method::POST, uri, headers.to_map(), body);
                 self.shared(name, req).await
             }
-        };
+        });
         self.timed(name, fut).await
     }
 
@@ -200,11 +201,14 @@ impl UpstreamClient {
         }
     }
 
-    /// `fut`, given up once the first-byte timeout passes.
+    /// `fut`, given up once the first-byte timeout passes. It is taken pinned, by reference:
+    /// an upstream call's future is large, and moved into this one it would be copied whole.
     async fn timed(
         &self,
         upstream: &str,
-        fut: impl std::future::Future<Output = Result<Response<UpstreamIncoming>, GatewayError>>,
+        fut: std::pin::Pin<
+            &mut impl std::future::Future<Output = Result<Response<UpstreamIncoming>, GatewayError>>,
+        >,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         match tokio::time::timeout(self.first_byte_timeout, fut).await {
             Ok(result) => result,
