@@ -1,14 +1,15 @@
 //! Chat Completions ⇄ IR: client requests in, upstream requests out, replies and stream chunks both ways.
 
+use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
 use super::common::*;
+use crate::config::Protocol;
 use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
 use crate::translate::counts::Counts;
 use crate::translate::lax::{lax_struct, Loose};
-use serde::de::IgnoredAny;
 
 mod reply;
 mod request;
@@ -153,7 +154,7 @@ pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
     // A usage that is no object counts nothing, as `usage_from` reads it.
     let mut usage = Usage::default();
     if let Some(counts) = v.usage.as_object() {
-        counts.read_into(crate::config::Protocol::Chat, &mut usage);
+        counts.read_into(Protocol::Chat, &mut usage);
     }
     Ok(ir::Response {
         id: v.id.as_str().unwrap_or("").to_owned(),
