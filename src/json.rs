@@ -486,8 +486,9 @@ pub fn known_elements(text: &str) -> Option<KnownElements<'_>> {
 }
 
 /// The members of `text`, an object already known to be valid JSON, as (key, value) with the
-/// key as written between its quotes, escapes kept; `None` when it is not an object. Also the
-/// tests' reference for [`known_objects`], which walks the members itself.
+/// key as written between its quotes, escapes kept; `None` when it is not an object. The tests'
+/// reference for [`known_objects`], which walks the members itself.
+#[cfg(test)]
 pub fn known_members(text: &str) -> Option<KnownMembers<'_>> {
     text.starts_with('{')
         .then_some(KnownMembers { text, at: 1 })
@@ -742,21 +743,6 @@ pub fn as_array(raw: Raw<'_>) -> Result<Vec<Raw<'_>>, Expected> {
     known_elements(raw.0)
         .map(|elements| elements.map(Raw).collect())
         .ok_or(Expected::Array)
-}
-
-/// The elements of `raw`, found by brackets and quotes alone; none when it is not an array.
-pub fn elements(raw: Raw<'_>) -> impl Iterator<Item = Raw<'_>> {
-    known_elements(raw.0).into_iter().flatten().map(Raw)
-}
-
-/// The members of `raw` as (key as written between its quotes, value), in the text's order;
-/// none when it is not an object. Keys keep their escapes and a repeated key comes each time:
-/// in a body [`scan`] was sure of (no key escaped, none repeated) they are what serde reads.
-pub fn members(raw: Raw<'_>) -> impl Iterator<Item = (&str, Raw<'_>)> {
-    known_members(raw.0)
-        .into_iter()
-        .flatten()
-        .map(|(key, value)| (key, Raw(value)))
 }
 
 pub fn as_object(raw: Raw<'_>) -> Result<RawObject<'_>, Expected> {

@@ -356,19 +356,10 @@ impl Translation {
         }
         let value = || crate::json::from_body::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
-            // The usual answer, read straight into the few members that count: no `Value` tree,
-            // and by the body scan unless the body is one it leaves to serde.
-            Protocol::Chat => {
-                let scanned = std::str::from_utf8(body)
-                    .ok()
-                    .and_then(crate::json::scan::object_in);
-                scanned
-                    .as_ref()
-                    .and_then(chat::Reply::from_scanned)
-                    .map_or_else(|| crate::json::from_body::<chat::Reply<'_>>(body), Ok)
-                    .map_err(|_| not_json())
-                    .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info))
-            }
+            // The usual answer, read straight into the few members that count: no `Value` tree.
+            Protocol::Chat => crate::json::from_body::<chat::Reply<'_>>(body)
+                .map_err(|_| not_json())
+                .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
             Protocol::Messages => value()
                 .and_then(|v| messages::response_to_ir(&v, self.json_mode()).map_err(to_info)),
             Protocol::Responses => value().and_then(|v| responses::response_to_ir(&v)),

@@ -13,7 +13,6 @@ use serde_json::value::RawValue;
 use serde_json::Number;
 
 use crate::error::{ErrorKind, GatewayError};
-use crate::json;
 
 /// One JSON value as the client sent it. Arrays keep their elements as `A` and objects are read
 /// as `O`; the defaults skip what they hold, for fields that are scalars in the protocol.
@@ -143,49 +142,6 @@ impl<'a, A, O> Loose<'a, A, O> {
                 format!("`{key}` must be an integer"),
             )),
         }
-    }
-}
-
-impl<'a, A, O> Loose<'a, A, O> {
-    /// What serde reads from `raw`, text known to be valid JSON: an array's elements read by
-    /// `element`, an object by `object`. `None` where serde's read fails (a number past f64's
-    /// range, a string with a lone surrogate escape) or where a reader answers `None`.
-    pub fn from_known(
-        raw: json::Raw<'a>,
-        element: impl FnMut(json::Raw<'a>) -> Option<A>,
-        object: impl FnOnce(json::Raw<'a>) -> Option<O>,
-    ) -> Option<Self> {
-        let text = raw.get();
-        Some(match text.as_bytes().first()? {
-            b'"' => Loose::Str(json::as_str(raw).ok()?),
-            b'{' => Loose::Obj(object(raw)?),
-            b'[' => Loose::Arr(json::elements(raw).map(element).collect::<Option<_>>()?),
-            b't' => Loose::Bool(true),
-            b'f' => Loose::Bool(false),
-            b'n' => Loose::Null,
-            _ => Loose::Num(text.parse().ok()?),
-        })
-    }
-}
-
-impl<'a> Loose<'a> {
-    /// [`Loose::from_known`] for a field that keeps nothing of an array or an object.
-    pub fn scalar_known(raw: json::Raw<'a>) -> Option<Self> {
-        Self::from_known(raw, |_| Some(IgnoredAny), |_| Some(IgnoredAny))
-    }
-}
-
-/// What serde reads from `raw` (known valid JSON) as a [`lax_struct!`]: `object` reads an
-/// object's members; any other value reads as the default, once serde would have read it.
-pub fn struct_known<'a, T: Default>(
-    raw: json::Raw<'a>,
-    object: impl FnOnce(json::Raw<'a>) -> Option<T>,
-) -> Option<T> {
-    match raw.get().as_bytes().first()? {
-        b'{' => object(raw),
-        // A scalar is read whole (and may fail as a `Loose` would); an array's elements are
-        // skipped.
-        _ => Loose::scalar_known(raw).map(|_| T::default()),
     }
 }
 
