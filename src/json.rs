@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 pub mod scan;
+pub mod walk;
 
 /// What a field's value was expected to be; renders into "expected …" messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -356,8 +356,12 @@ impl Translation {
         }
         let value = || crate::json::from_body::<Value>(body).map_err(|_| not_json());
         let decoded = match self.upstream {
-            // The usual answer, read straight into the few members that count: no `Value` tree.
-            Protocol::Chat => crate::json::from_body::<chat::Reply<'_>>(body)
+            // The usual answer, read straight into the few members that count: no `Value` tree,
+            // and by hand unless the reply is one the hand reader leaves to serde.
+            Protocol::Chat => std::str::from_utf8(body)
+                .ok()
+                .and_then(chat::Reply::by_hand)
+                .map_or_else(|| crate::json::from_body::<chat::Reply<'_>>(body), Ok)
                 .map_err(|_| not_json())
                 .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
             Protocol::Messages => value()

@@ -1,5 +1,6 @@
 //! Chat Completions ⇄ IR: client requests in, upstream requests out, replies and stream chunks both ways.
 
+use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
 use super::common::*;
@@ -8,8 +9,9 @@ use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
 use crate::translate::counts::Counts;
-use crate::translate::lax::{lax_struct, Loose, Raw};
+use crate::translate::lax::{lax_struct, Loose};
 
+mod reply;
 mod request;
 mod stream;
 
@@ -72,7 +74,7 @@ lax_struct! {
         model: Loose<'a>,
         created: Loose<'a>,
         choices: Loose<'a, Choice<'a>>,
-        usage: Raw<'a>,
+        usage: Loose<'a, IgnoredAny, Counts<'a>>,
     }
 }
 
@@ -149,10 +151,9 @@ pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
             arguments: c.function.arguments.as_str().unwrap_or("").to_owned(),
         });
     }
-    // Read by the hand reader every reply's usage goes through for the access log; one that is
-    // no object counts nothing, as `usage_from` reads it.
+    // A usage that is no object counts nothing, as `usage_from` reads it.
     let mut usage = Usage::default();
-    if let Some(counts) = v.usage.0.and_then(|raw| Counts::object_at(raw.get().as_bytes())) {
+    if let Some(counts) = v.usage.as_object() {
         counts.read_into(Protocol::Chat, &mut usage);
     }
     Ok(ir::Response {

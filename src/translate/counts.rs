@@ -10,7 +10,7 @@
 
 use crate::config::Protocol;
 use crate::ir::Usage;
-use crate::json::scan::{special_bytes, HIGHS};
+use crate::json::walk::{self, object};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::translate::lax::{lax_struct, skip_seq};
@@ -168,10 +168,6 @@ impl Counts<'_> {
     }
 }
 
-/// Containers open at once past which the hand reader leaves the text to serde (which refuses
-/// past 128).
-const DEEPEST: usize = 64;
-
 // The hand reader, for the plain usage object every upstream writes: functions of the text and
 // a position that answer where what they read ends, so the position stays in a register. Each
 // answers `None` when unsure, and what it accepts serde accepts: what is skipped is checked as
@@ -182,11 +178,17 @@ const DEEPEST: usize = 64;
 impl Counts<'_> {
     /// The counts of the object at the start of `text`, when the hand reader is sure of them.
     fn by_hand(text: &[u8]) -> Option<Counts<'_>> {
+        Self::read_at(text, 0).map(|(counts, _)| counts)
+    }
+
+    /// The counts of the object whose `{` is at `at` in `text`, and where it ends, when the
+    /// hand reader is sure of them (what it leaves, serde reads the same way).
+    pub(crate) fn read_at(text: &[u8], at: usize) -> Option<(Counts<'_>, usize)> {
         let mut out = Counts::default();
         // Assigning each member as it comes leaves the last of a repeated key, as serde does.
         // Keys are compared whole (a word or two at a time), not by slice patterns (a byte at
         // a time).
-        object(text, 0, |key, at| match key {
+        let end = object::<false>(text, at, |key, at| match key {
             k if k == b"prompt_tokens" => count(text, at, 1, &mut out.prompt_tokens),
             k if k == b"completion_tokens" => count(text, at, 1, &mut out.completion_tokens),
             k if k == b"input_tokens" => count(text, at, 1, &mut out.input_tokens),
@@ -201,43 +203,9 @@ impl Counts<'_> {
             k if k == b"completion_tokens_details" => details(text, at, &mut out.completion),
             k if k == b"input_tokens_details" => details(text, at, &mut out.input),
             k if k == b"output_tokens_details" => details(text, at, &mut out.output),
-            _ => skip(text, at, 1),
+            _ => walk::skip::<false>(text, at, 1),
         })?;
-        Some(out)
-    }
-}
-
-/// Reads the object whose `{` is at `i`: `member` reads each member's value, given its key and
-/// where the value starts, and answers where the value ends. Answers where the object ends.
-#[inline]
-fn object(
-    b: &[u8],
-    i: usize,
-    mut member: impl FnMut(&[u8], usize) -> Option<usize>,
-) -> Option<usize> {
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    let mut i = space(b, i + 1);
-    if b.get(i) == Some(&b'}') {
-        return Some(i + 1);
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let (end, escaped) = string(b, i + 1)?;
-        // An escaped key would have to be unescaped to be matched: serde's to do.
-        if escaped {
-            return None;
-        }
-        let key = b.get(i + 1..end - 1)?;
-        i = space(b, member(key, colon(b, end)?)?);
-        match b.get(i)? {
-            b',' => i = space(b, i + 1),
-            b'}' => return Some(i + 1),
-            _ => return None,
-        }
+        Some((out, end))
     }
 }
 
@@ -250,12 +218,12 @@ fn details(b: &[u8], i: usize, into: &mut Details<'_>) -> Option<usize> {
         // Serde reads it as any value: a number must be one it reads without error.
         return count(b, i, 1, &mut Count::default());
     }
-    object(b, i, |key, at| match key {
+    object::<false>(b, i, |key, at| match key {
         k if k == b"cached_tokens" => count(b, at, 2, &mut into.cached_tokens),
         k if k == b"cache_write_tokens" => count(b, at, 2, &mut into.cache_write_tokens),
         k if k == b"reasoning_tokens" => count(b, at, 2, &mut into.reasoning_tokens),
         k if k == b"thinking_tokens" => count(b, at, 2, &mut into.thinking_tokens),
-        _ => skip(b, at, 2),
+        _ => walk::skip::<false>(b, at, 2),
     })
 }
 
@@ -273,7 +241,7 @@ fn count(b: &[u8], i: usize, open: usize, into: &mut Count) -> Option<usize> {
         b'-' => None,
         _ => {
             *into = Count(None);
-            skip(b, i, open)
+            walk::skip::<false>(b, i, open)
         }
     }
 }
@@ -292,174 +260,6 @@ fn integer(b: &[u8], i: usize) -> Option<(u64, usize)> {
         return None;
     }
     Some((n, end))
-}
-
-/// Past the space, colon and space after a key that ends at `i`.
-fn colon(b: &[u8], i: usize) -> Option<usize> {
-    let i = space(b, i);
-    (b.get(i) == Some(&b':')).then(|| space(b, i + 1))
-}
-
-/// Skips the value at `i` inside `open` containers, checked as serde checks what it ignores;
-/// answers where it ends.
-fn skip(b: &[u8], i: usize, open: usize) -> Option<usize> {
-    // A number (`total_tokens`) is the value usually skipped: read without the loop.
-    match b.get(i)? {
-        b'-' | b'0'..=b'9' => number(b, i),
-        _ => skip_any(b, i, open),
-    }
-}
-
-/// [`skip`] for any value.
-fn skip_any(b: &[u8], mut i: usize, open: usize) -> Option<usize> {
-    // One bit per container opened here, set for an object: nesting is bounded by `DEEPEST`,
-    // so no stack is allocated.
-    let mut objects: u64 = 0;
-    let mut depth = 0;
-    'value: loop {
-        // At the first byte of a value.
-        match *b.get(i)? {
-            bracket @ (b'{' | b'[') => {
-                if open + depth >= DEEPEST {
-                    return None;
-                }
-                let object = bracket == b'{';
-                i = space(b, i + 1);
-                if b.get(i) != Some(if object { &b'}' } else { &b']' }) {
-                    objects = objects << 1 | u64::from(object);
-                    depth += 1;
-                    if object {
-                        i = key(b, i)?;
-                    }
-                    continue 'value;
-                }
-                i += 1;
-            }
-            b'"' => i = string(b, i + 1)?.0,
-            b't' => i = literal(b, i, b"true")?,
-            b'f' => i = literal(b, i, b"false")?,
-            b'n' => i = literal(b, i, b"null")?,
-            b'-' | b'0'..=b'9' => i = number(b, i)?,
-            _ => return None,
-        }
-        // A value has ended: close what it closes, up to the next value.
-        while depth > 0 {
-            i = space(b, i);
-            let object = objects & 1 == 1;
-            match (b.get(i)?, object) {
-                (b',', _) => {
-                    i = space(b, i + 1);
-                    if object {
-                        i = key(b, i)?;
-                    }
-                    continue 'value;
-                }
-                (b']', false) | (b'}', true) => {
-                    i += 1;
-                    objects >>= 1;
-                    depth -= 1;
-                }
-                _ => return None,
-            }
-        }
-        return Some(i);
-    }
-}
-
-/// Past the key at `i` of a skipped object, up to its value.
-fn key(b: &[u8], i: usize) -> Option<usize> {
-    if b.get(i) != Some(&b'"') {
-        return None;
-    }
-    colon(b, string(b, i + 1)?.0)
-}
-
-/// The string whose opening quote ends at `i`: where it ends (past its closing quote), and
-/// whether it had an escape. Control characters and malformed escapes are refused, as serde
-/// refuses them. So are `\u` and bytes past ASCII, which serde checks in some strings and not
-/// in others: surrogates where it keeps the string, UTF-8 where it keeps it from a reply that
-/// is not UTF-8 (its slice reader).
-// Inlined: read for every key, a call costs as much as its work.
-#[inline(always)]
-fn string(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
-    let mut escaped = false;
-    loop {
-        // Eight bytes at a time up to the first quote, backslash, control character or byte past
-        // ASCII (a byte flagged by its high bit, or a byte below 0x20 by the subtraction).
-        while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
-            let word = u64::from_le_bytes(*chunk);
-            let special = special_bytes(word) | word & HIGHS;
-            if special != 0 {
-                // Little-endian: the lowest flagged byte comes first, and is flagged exactly.
-                i += (special.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
-        }
-        match *b.get(i)? {
-            b'"' => return Some((i + 1, escaped)),
-            b'\\' => {
-                escaped = true;
-                match b.get(i + 1)? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
-                    _ => return None,
-                }
-            }
-            0..=0x1f | 0x80.. => return None,
-            _ => i += 1,
-        }
-    }
-}
-
-/// Past `word` at `i`.
-fn literal(b: &[u8], i: usize, word: &[u8]) -> Option<usize> {
-    b.get(i..)?.starts_with(word).then_some(i + word.len())
-}
-
-/// Past the `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` at `i`; what follows is the
-/// caller's to check.
-fn number(b: &[u8], mut i: usize) -> Option<usize> {
-    if b.get(i) == Some(&b'-') {
-        i += 1;
-    }
-    match b.get(i)? {
-        b'0' => i += 1,
-        b'1'..=b'9' => i = digits(b, i),
-        _ => return None,
-    }
-    if b.get(i) == Some(&b'.') {
-        i = some_digits(b, i + 1)?;
-    }
-    if matches!(b.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(b.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        i = some_digits(b, i)?;
-    }
-    Some(i)
-}
-
-/// Past the digits at `i`.
-fn digits(b: &[u8], mut i: usize) -> usize {
-    while b.get(i).is_some_and(u8::is_ascii_digit) {
-        i += 1;
-    }
-    i
-}
-
-/// Past the digits at `i`, at least one.
-fn some_digits(b: &[u8], i: usize) -> Option<usize> {
-    let end = digits(b, i);
-    (end > i).then_some(end)
-}
-
-/// Past the JSON space at `i`.
-fn space(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
 }
 
 #[cfg(test)]
