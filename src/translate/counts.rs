@@ -168,12 +168,11 @@ impl Counts<'_> {
     }
 }
 
-// The hand reader, for the plain usage object every upstream writes: functions of the text and
-// a position that answer where what they read ends, so the position stays in a register. Each
-// answers `None` when unsure, and what it accepts serde accepts: what is skipped is checked as
-// serde checks it, and anything unusual (a `-` or a fraction where a count may be, a `\u`
-// escape or a byte past ASCII, an escaped key, deep nesting) is left to serde, which also
-// names every text that is no object as such.
+// The hand reader, for the plain usage object every upstream writes, walks the text with
+// `json::walk` without its `UTF8` mode (the text may be the tail of a reply that is not UTF-8).
+// What it accepts serde accepts, and anything unusual (a `-` or a fraction where a count may
+// be, a `\u` escape or a byte past ASCII, an escaped key, deep nesting) is left to serde, which
+// also names every text that is no object as such.
 
 impl Counts<'_> {
     /// The counts of the object at the start of `text`, when the hand reader is sure of them.
