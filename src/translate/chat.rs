@@ -1,6 +1,5 @@
 //! Chat Completions ⇄ IR: client requests in, upstream requests out, replies and stream chunks both ways.
 
-use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
 use super::common::*;
@@ -9,7 +8,7 @@ use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::sse;
 use crate::translate::counts::Counts;
-use crate::translate::lax::{lax_struct, Loose};
+use crate::translate::lax::{lax_struct, Loose, RawText};
 
 mod reply;
 mod request;
@@ -74,7 +73,7 @@ lax_struct! {
         model: Loose<'a>,
         created: Loose<'a>,
         choices: Loose<'a, Choice<'a>>,
-        usage: Loose<'a, IgnoredAny, Counts<'a>>,
+        usage: RawText<'a>,
     }
 }
 
@@ -151,9 +150,15 @@ pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
             arguments: c.function.arguments.as_str().unwrap_or("").to_owned(),
         });
     }
-    // A usage that is no object counts nothing, as `usage_from` reads it.
+    // Read by the hand reader every reply's usage goes through for the access log, which reads
+    // it as `usage_from` reads a `Value`: a usage that is no object, or that serde cannot read,
+    // counts nothing, and the reply is still served.
     let mut usage = Usage::default();
-    if let Some(counts) = v.usage.as_object() {
+    if let Some(counts) = v
+        .usage
+        .0
+        .and_then(|text| Counts::object_at(text.as_bytes()))
+    {
         counts.read_into(Protocol::Chat, &mut usage);
     }
     Ok(ir::Response {

@@ -177,17 +177,11 @@ impl Counts<'_> {
 impl Counts<'_> {
     /// The counts of the object at the start of `text`, when the hand reader is sure of them.
     fn by_hand(text: &[u8]) -> Option<Counts<'_>> {
-        Self::read_at(text, 0).map(|(counts, _)| counts)
-    }
-
-    /// The counts of the object whose `{` is at `at` in `text`, and where it ends, when the
-    /// hand reader is sure of them (what it leaves, serde reads the same way).
-    pub(crate) fn read_at(text: &[u8], at: usize) -> Option<(Counts<'_>, usize)> {
         let mut out = Counts::default();
         // Assigning each member as it comes leaves the last of a repeated key, as serde does.
         // Keys are compared whole (a word or two at a time), not by slice patterns (a byte at
         // a time).
-        let end = object::<false>(text, at, |key, at| match key {
+        object::<false>(text, 0, |key, at| match key {
             k if k == b"prompt_tokens" => count(text, at, 1, &mut out.prompt_tokens),
             k if k == b"completion_tokens" => count(text, at, 1, &mut out.completion_tokens),
             k if k == b"input_tokens" => count(text, at, 1, &mut out.input_tokens),
@@ -204,7 +198,7 @@ impl Counts<'_> {
             k if k == b"output_tokens_details" => details(text, at, &mut out.output),
             _ => walk::skip::<false>(text, at, 1),
         })?;
-        Some((out, end))
+        Some(out)
     }
 }
 

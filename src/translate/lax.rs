@@ -253,6 +253,17 @@ impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
     }
 }
 
+/// A value kept as its raw JSON text, as a `str` a hand reader can make too (a `RawValue` only
+/// serde can).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawText<'a>(pub Option<&'a str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawText<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de RawValue>::deserialize(d).map(|r| Self(Some(r.get())))
+    }
+}
+
 /// A field read twice: its raw text (echoed back to the client) and its typed reading.
 #[derive(Debug, Default)]
 pub struct Both<'a, T> {

@@ -2,9 +2,9 @@
 //!
 //! The walk is [`json::walk`]'s, over text checked as UTF-8 whole: every value is checked as
 //! serde checks it, and the members [`Reply`] keeps are read as serde's lenient readers read
-//! them (`Loose`, `lax_struct!`, the usage's [`Counts`]). Anything the reader is unsure of
-//! (an escaped key, deep nesting, a usage the counts reader leaves to serde) answers `None`,
-//! and the caller asks serde, which also names every failure.
+//! them (`Loose`, `lax_struct!`; the usage is kept as text, as serde keeps it). Anything the
+//! reader is unsure of (an escaped key, deep nesting) answers `None`, and the caller asks
+//! serde, which also names every failure.
 
 use std::borrow::Cow;
 
@@ -12,8 +12,7 @@ use serde::de::IgnoredAny;
 
 use super::{Call, Choice, Function, Message, Reply};
 use crate::json::walk::{self, literal, number, object, space};
-use crate::translate::counts::Counts;
-use crate::translate::lax::Loose;
+use crate::translate::lax::{Loose, RawText};
 
 impl<'a> Reply<'a> {
     /// The reply `text` holds, when the hand reader is sure of it.
@@ -26,7 +25,12 @@ impl<'a> Reply<'a> {
             k if k == b"model" => scalar(text, at, 1, &mut out.model),
             k if k == b"created" => scalar(text, at, 1, &mut out.created),
             k if k == b"choices" => loose(text, at, 1, &mut out.choices, choice, skipped),
-            k if k == b"usage" => loose(text, at, 1, &mut out.usage, skipped, usage),
+            k if k == b"usage" => {
+                // Kept as text: the counts reader reads it when the reply is translated.
+                let end = walk::skip::<true>(b, at, 1)?;
+                out.usage = RawText(Some(text.get(at..end)?));
+                Some(end)
+            }
             _ => walk::skip::<true>(b, at, 1),
         })?;
         (space(b, end) == b.len()).then_some(out)
@@ -107,11 +111,6 @@ fn skipped(text: &str, at: usize, open: usize) -> Option<(IgnoredAny, usize)> {
 /// A member read as a scalar `Loose`.
 fn scalar<'a>(text: &'a str, at: usize, open: usize, into: &mut Loose<'a>) -> Option<usize> {
     loose(text, at, open, into, skipped, skipped)
-}
-
-/// The usage object at `at`, a member of the reply, read by the counts reader.
-fn usage(text: &str, at: usize, _open: usize) -> Option<(Counts<'_>, usize)> {
-    Counts::read_at(text.as_bytes(), at)
 }
 
 /// Reads the value at `at` as a `lax_struct!` reads it: an object by `member`, given each key
@@ -233,6 +232,38 @@ mod tests {
         ));
     }
 
+    /// A usage serde cannot read counts nothing and the reply is still translated, as when
+    /// the usage was read into a `Value`.
+    #[test]
+    fn an_unreadable_usage_counts_nothing() {
+        for usage in [
+            r#"{"prompt_tokens":1e400}"#,
+            r#"{"x":"\ud800"}"#,
+            "[1]",
+            "7",
+        ] {
+            let text =
+                format!(r#"{{"choices":[{{"message":{{"content":"hi"}}}}],"usage":{usage}}}"#);
+            let quick = Reply::by_hand(&text).unwrap();
+            let serde = json::from_body::<Reply<'_>>(text.as_bytes()).unwrap();
+            for reply in [quick, serde] {
+                let ir = super::super::reply_to_ir(&reply).unwrap();
+                assert_eq!(ir.usage, crate::ir::Usage::default(), "{text}");
+                assert_eq!(
+                    ir.content,
+                    vec![crate::ir::Part::Text("hi".into())],
+                    "{text}"
+                );
+            }
+        }
+        let text = r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}"#;
+        let reply = Reply::by_hand(text).unwrap();
+        assert_eq!(
+            reply.usage.0,
+            Some(r#"{"prompt_tokens":9,"completion_tokens":2}"#)
+        );
+    }
+
     /// Values serde's read refuses where a member is read, and accepts where it is skipped.
     #[test]
     fn what_serde_refuses_is_refused_where_serde_reads_it() {
@@ -256,7 +287,8 @@ mod tests {
                     ),
                     false,
                 ),
-                (format!(r#"{{"usage":{{"prompt_tokens":{bad}}}}}"#), false),
+                // The usage is kept as text, as serde keeps it: read by the counts reader later.
+                (format!(r#"{{"usage":{{"prompt_tokens":{bad}}}}}"#), true),
                 (format!(r#"{{"system_fingerprint":{bad}}}"#), true),
                 (format!(r#"{{"choices":[{{"logprobs":[{bad}]}}]}}"#), true),
                 (format!(r#"{{"model":[{bad}],"x":{{"y":{bad}}}}}"#), true),
