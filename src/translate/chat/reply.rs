@@ -24,7 +24,7 @@ impl<'a> Reply<'a> {
             k if k == b"id" => scalar(text, at, 1, &mut out.id),
             k if k == b"model" => scalar(text, at, 1, &mut out.model),
             k if k == b"created" => scalar(text, at, 1, &mut out.created),
-            k if k == b"choices" => loose(text, at, 1, &mut out.choices, choice, skipped),
+            k if k == b"choices" => loose(text, at, 1, &mut out.choices, choice),
             k if k == b"usage" => {
                 // Kept as text: the counts reader reads it when the reply is translated.
                 let end = walk::skip::<true>(b, at, 1)?;
@@ -38,15 +38,14 @@ impl<'a> Reply<'a> {
 }
 
 /// Reads the value at `at` (inside `open` containers) into `into` as a `Loose` reads it: an
-/// array's elements by `element`, an object by `object`, each answering what it read and
-/// where it ends. Answers where the value ends.
-fn loose<'a, A, O>(
+/// array's elements by `element`, which answers what it read and where it ends; an object
+/// skipped, as no member the reply keeps is read as one. Answers where the value ends.
+fn loose<'a, A>(
     text: &'a str,
     at: usize,
     open: usize,
-    into: &mut Loose<'a, A, O>,
+    into: &mut Loose<'a, A>,
     mut element: impl FnMut(&'a str, usize, usize) -> Option<(A, usize)>,
-    object: impl FnOnce(&'a str, usize, usize) -> Option<(O, usize)>,
 ) -> Option<usize> {
     let b = text.as_bytes();
     let (value, end) = match *b.get(at)? {
@@ -60,10 +59,7 @@ fn loose<'a, A, O>(
             };
             (Loose::Str(s), end)
         }
-        b'{' => {
-            let (o, end) = object(text, at, open)?;
-            (Loose::Obj(o), end)
-        }
+        b'{' => (Loose::Obj(IgnoredAny), walk::skip::<true>(b, at, open)?),
         b'[' => {
             let mut items = Vec::new();
             let end = array(b, at, |at| {
@@ -103,14 +99,14 @@ fn array(b: &[u8], at: usize, mut element: impl FnMut(usize) -> Option<usize>) -
     }
 }
 
-/// An element or an object a `Loose` keeps nothing of, skipped as serde skips it.
+/// An element a `Loose` keeps nothing of, skipped as serde skips it.
 fn skipped(text: &str, at: usize, open: usize) -> Option<(IgnoredAny, usize)> {
     Some((IgnoredAny, walk::skip::<true>(text.as_bytes(), at, open)?))
 }
 
 /// A member read as a scalar `Loose`.
 fn scalar<'a>(text: &'a str, at: usize, open: usize, into: &mut Loose<'a>) -> Option<usize> {
-    loose(text, at, open, into, skipped, skipped)
+    loose(text, at, open, into, skipped)
 }
 
 /// Reads the value at `at` as a `lax_struct!` reads it: an object by `member`, given each key
@@ -156,7 +152,7 @@ fn message(text: &str, at: usize, open: usize) -> Option<(Message<'_>, usize)> {
         k if k == b"reasoning_content" => scalar(text, at, open + 1, &mut out.reasoning_content),
         k if k == b"reasoning" => scalar(text, at, open + 1, &mut out.reasoning),
         k if k == b"refusal" => scalar(text, at, open + 1, &mut out.refusal),
-        k if k == b"tool_calls" => loose(text, at, open + 1, &mut out.tool_calls, call, skipped),
+        k if k == b"tool_calls" => loose(text, at, open + 1, &mut out.tool_calls, call),
         _ => walk::skip::<true>(b, at, open + 1),
     })
 }
