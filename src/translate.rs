@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod common;
 pub mod counts;
+pub mod hand;
 pub mod lax;
 pub mod messages;
 pub mod responses;
@@ -360,7 +361,7 @@ impl Translation {
             // and by hand unless the reply is one the hand reader leaves to serde.
             Protocol::Chat => std::str::from_utf8(body)
                 .ok()
-                .and_then(chat::Reply::by_hand)
+                .and_then(hand::object::<chat::Reply<'_>>)
                 .map_or_else(|| crate::json::from_body::<chat::Reply<'_>>(body), Ok)
                 .map_err(|_| not_json())
                 .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),

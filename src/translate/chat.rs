@@ -10,6 +10,7 @@ use crate::sse;
 use crate::translate::counts::Counts;
 use crate::translate::lax::{lax_struct, Loose, RawText};
 
+#[cfg(test)]
 mod reply;
 mod request;
 mod stream;

@@ -13,7 +13,8 @@ use crate::ir::Usage;
 use crate::json::walk::{self, object};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::translate::lax::{lax_struct, skip_seq};
+use crate::translate::hand::Hand;
+use crate::translate::lax::{lax_struct, skip_seq, Loose};
 
 /// Any JSON value, kept only when it is a non-negative integer (what `Loose::as_u64` reads):
 /// an eighth of a `Loose`'s size, and the usage object is moved whole several times.
@@ -62,6 +63,14 @@ impl<'de> Deserialize<'de> for Count {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+impl<'a> Hand<'a> for Count {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        // What serde's visitor above keeps of each kind of value is what `Loose::as_u64` keeps.
+        let (value, end) = <Loose<'a>>::read(text, at, open)?;
+        Some((Count(value.as_u64()), end))
     }
 }
 
@@ -258,6 +267,7 @@ fn integer(b: &[u8], i: usize) -> Option<(u64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::hand::check;
     use serde_json::{json, Value};
 
     /// A usage already holding counts, so a reader that merges shows what it left alone.
@@ -438,6 +448,12 @@ mod tests {
                 );
                 assert_eq!(got(Counts::object_at(text.as_bytes())), *want, "{text}");
                 agrees(text.as_bytes());
+                // The translation's generic hand reader reads the same type.
+                assert_eq!(
+                    check::agrees::<Counts<'_>>(text.as_bytes()),
+                    want.is_some(),
+                    "{text}"
+                );
             }
             // Details that are not an object hold nothing, but are read as any value.
             let text = format!("{{\"prompt_tokens_details\":{value}}}");
@@ -498,6 +514,9 @@ mod tests {
             deep(127),
             deep(200),
         ];
+        for text in taken.iter().chain(&left) {
+            check::agrees::<Counts<'_>>(text.as_bytes());
+        }
         for text in &left {
             assert!(!agrees(text.as_bytes()), "the hand reader answered: {text}");
         }

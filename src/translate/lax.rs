@@ -12,6 +12,7 @@ use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAcces
 use serde_json::value::RawValue;
 use serde_json::Number;
 
+use super::hand::{self, Hand};
 use crate::error::{ErrorKind, GatewayError};
 
 /// One JSON value as the client sent it. Arrays keep their elements as `A` and objects are read
@@ -383,6 +384,22 @@ macro_rules! lax_struct {
                 d.deserialize_any(V(::std::marker::PhantomData))
             }
         }
+
+        impl<'a> $crate::translate::hand::Hand<'a> for $name<'a> {
+            fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+                $crate::translate::hand::lax(text, at, open, |out: &mut Self, key, at| {
+                    // Each member assigned as it comes leaves the last of a repeated key, as
+                    // serde's read does.
+                    $(if key == lax_struct!(@key $field $($key)?).as_bytes() {
+                        let (value, end) =
+                            $crate::translate::hand::Hand::read(text, at, open + 1)?;
+                        out.$field = value;
+                        return Some(end);
+                    })*
+                    $crate::json::walk::skip::<true>(text.as_bytes(), at, open + 1)
+                })
+            }
+        }
     };
     (@key $field:ident) => { stringify!($field) };
     (@key $field:ident $key:literal) => { $key };
@@ -398,11 +415,14 @@ fn not_json(e: &serde_json::Error) -> GatewayError {
 }
 
 /// Parses a whole client body as `T`; only broken JSON fails here, with the message it always had.
-pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, GatewayError> {
+pub fn parse<'a, T: Deserialize<'a> + Hand<'a>>(body: &'a [u8]) -> Result<T, GatewayError> {
     // One UTF-8 check of the whole body is cheaper than one per string, and it also covers the
     // strings of skipped fields, which a `Value` tree used to check.
     match std::str::from_utf8(body) {
-        Ok(text) => serde_json::from_str(text).map_err(|e| not_json(&e)),
+        Ok(text) => match hand::object(text) {
+            Some(value) => Ok(value),
+            None => serde_json::from_str(text).map_err(|e| not_json(&e)),
+        },
         // The slice reader names the line and column of the bad bytes, as it always did.
         Err(_) => match serde_json::from_slice::<serde_json::Value>(body) {
             Err(e) => Err(not_json(&e)),
@@ -415,7 +435,7 @@ pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, GatewayError> 
 }
 
 /// Parses a client body that must be a JSON object.
-pub fn parse_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, GatewayError> {
+pub fn parse_object<'a, T: Deserialize<'a> + Hand<'a>>(body: &'a [u8]) -> Result<T, GatewayError> {
     match parse::<Loose<'a, IgnoredAny, T>>(body)? {
         Loose::Obj(o) => Ok(o),
         _ => Err(GatewayError::invalid("body", "`body` must be an object")),

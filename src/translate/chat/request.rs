@@ -777,3 +777,123 @@ fn write_thinking<'a>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::ChatRequest;
+    use crate::translate::hand::check;
+
+    fn agrees(text: &[u8]) -> bool {
+        check::agrees::<ChatRequest<'_>>(text)
+    }
+
+    /// Requests as clients write them: the OpenAI SDK's (tools, an image, a JSON schema, usage
+    /// asked for), vLLM's and LiteLLM's thinking switches, and odd but accepted shapes.
+    const REQUESTS: [&str; 4] = [
+        r#"{"model":"gpt-4o","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":[{"type":"text","text":"What is in this image? caf\u00e9"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"get_weather"}},"parallel_tool_calls":false,"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object"},"strict":true}},"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":256,"temperature":0.2,"top_p":1,"stop":["\n\n","END"],"user":"u-1","reasoning_effort":"low","n":1,"logprobs":false}"#,
+        r#"{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}"#,
+        r#"{"model":"qwen3","messages":[{"role":"user","content":"日本 — 😀"},{"role":"assistant","content":"ok","reasoning_content":"thought","thinking_blocks":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"}]}],"chat_template_kwargs":{"enable_thinking":true},"enable_thinking":false,"thinking":{"type":"enabled","budget_tokens":1024},"top_k":20,"stop":"x"}"#,
+        " {\n \"model\" : \"m\" , \"messages\" : [ { \"role\" : \"user\" , \"content\" : [ { \"type\" : \"refusal\" , \"refusal\" : \"no\" } ] } ] , \"tool_choice\" : \"auto\" , \"stream_options\" : null , \"response_format\" : [ 1 ] , \"extra\" : { \"deep\" : [ [ [ { } ] ] ] } }\n",
+    ];
+
+    #[test]
+    fn requests_as_clients_write_them_are_read_by_hand_as_serde_reads_them() {
+        for text in REQUESTS {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    #[test]
+    fn the_fixture_requests_are_read_by_hand_as_serde_reads_them() {
+        for text in check::fixture_requests("chat") {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    /// Values serde's read refuses, where a member is read: the hand reader leaves them to
+    /// serde, which names them. Where a member is skipped, both accept them.
+    #[test]
+    fn what_serde_refuses_is_refused_where_serde_reads_it() {
+        for bad in ["1e400", r#""\ud800""#] {
+            for (text, read) in [
+                (format!(r#"{{"max_tokens":{bad}}}"#), false),
+                (format!(r#"{{"messages":[{{"content":{bad}}}]}}"#), false),
+                (
+                    format!(r#"{{"messages":[{{"content":[{{"image_url":{{"url":{bad}}}}}]}}]}}"#),
+                    false,
+                ),
+                (
+                    format!(r#"{{"tool_choice":{{"function":{{"name":{bad}}}}}}}"#),
+                    false,
+                ),
+                (format!(r#"{{"stream_options":{bad}}}"#), false),
+                (
+                    format!(r#"{{"tools":[{{"function":{{"parameters":{{"a":{bad}}}}}}}]}}"#),
+                    true,
+                ),
+                (format!(r#"{{"model":{bad}}}"#), true),
+                (format!(r#"{{"messages":[{{"name":[{bad}]}}]}}"#), true),
+            ] {
+                assert_eq!(agrees(text.as_bytes()), read, "{text}");
+                assert_eq!(
+                    serde_json::from_str::<ChatRequest<'_>>(&text).is_ok(),
+                    read,
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_one_byte_edit_makes_the_reader_differ_from_serde() {
+        let read = check::one_byte_edits(&REQUESTS, agrees);
+        // Most edits leave valid JSON the reader is sure of: the reader, not serde, was tested.
+        assert!(read > 15_000, "only {read} edits were read by hand");
+    }
+
+    const KEYS: [&str; 31] = [
+        "arguments",
+        "budget_tokens",
+        "chat_template_kwargs",
+        "content",
+        "data",
+        "enable_thinking",
+        "function",
+        "id",
+        "image_url",
+        "include_usage",
+        "json_schema",
+        "max_tokens",
+        "messages",
+        "name",
+        "parameters",
+        "reasoning_content",
+        "response_format",
+        "role",
+        "schema",
+        "stop",
+        "stream",
+        "stream_options",
+        "text",
+        "thinking",
+        "thinking_blocks",
+        "tool_call_id",
+        "tool_calls",
+        "tool_choice",
+        "tools",
+        "type",
+        "url",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+        /// Objects made of the request's keys at every level, with values of every kind: the
+        /// reader never answers otherwise than serde.
+        #[test]
+        fn made_up_requests_are_read_as_serde_reads_them(seed: u64) {
+            agrees(check::made_up(seed, 5, &KEYS, &check::SCALARS).as_bytes());
+        }
+    }
+}

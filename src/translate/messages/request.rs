@@ -909,7 +909,148 @@ pub fn ir_to_request(
 
 #[cfg(test)]
 mod tests {
-    use super::Canonical;
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::{Canonical, MessagesRequest};
+    use crate::translate::hand::check;
+
+    fn agrees(text: &[u8]) -> bool {
+        check::agrees::<MessagesRequest<'_>>(text)
+    }
+
+    /// Requests as agents write them: Claude Code's (system blocks with cache control, tools,
+    /// thinking, a tool round trip), an image, and odd but accepted shapes.
+    const REQUESTS: [&str; 4] = [
+        r#"{"model":"claude-sonnet-4-5","max_tokens":32000,"system":[{"type":"text","text":"You are Claude Code, Anthropic's official CLI.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"List the files.\n"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"I should run ls.","signature":"EqQBCkYIBRgCKkB"},{"type":"tool_use","id":"toolu_01","name":"Bash","input":{"command":"ls -la","description":"List files"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_01","content":"a.txt\nb.txt","is_error":false}]}],"tools":[{"name":"Bash","description":"Runs a command","input_schema":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"],"additionalProperties":false,"$schema":"http://json-schema.org/draft-07/schema#"}},{"type":"web_search_20250305","name":"web_search","max_uses":5}],"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"temperature":1,"metadata":{"user_id":"user_abc_account__session_1"},"thinking":{"type":"enabled","budget_tokens":31999},"stream":true}"#,
+        r#"{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}"#,
+        r#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"image","source":{"type":"url","url":"https://example.com/a.png"}},{"type":"text","text":"caf\u00e9 — 日本"}]}],"stop_sequences":["\n\nHuman:","END"],"top_p":0.9,"top_k":5,"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}"#,
+        " {\n \"model\" : \"m\" , \"max_tokens\" : 1.5e1 , \"system\" : null , \"messages\" : [ { \"role\" : \"assistant\" , \"content\" : [ { \"type\" : \"redacted_thinking\" , \"data\" : \"abc\" } ] } ] , \"tool_choice\" : \"any\" , \"thinking\" : [ 1 ] , \"metadata\" : 7 , \"extra\" : { \"deep\" : [ [ [ { } ] ] ] } }\n",
+    ];
+
+    #[test]
+    fn requests_as_agents_write_them_are_read_by_hand_as_serde_reads_them() {
+        for text in REQUESTS {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+        let (ir, ctx) = super::request_to_ir(REQUESTS[0].as_bytes()).unwrap();
+        assert_eq!(ir.max_tokens, Some(32000));
+        assert_eq!(ir.messages.len(), 3);
+        assert_eq!(ir.tools.len(), 1);
+        assert_eq!(ctx.hosted.len(), 1);
+        assert!(ir.stream);
+    }
+
+    #[test]
+    fn the_fixture_requests_are_read_by_hand_as_serde_reads_them() {
+        for text in check::fixture_requests("messages") {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    /// Values serde's read refuses, where a member is read: the hand reader leaves them to
+    /// serde, which names them. Where a member is skipped, both accept them.
+    #[test]
+    fn what_serde_refuses_is_refused_where_serde_reads_it() {
+        for bad in ["1e400", r#""\ud800""#] {
+            for (text, read) in [
+                (format!(r#"{{"max_tokens":{bad}}}"#), false),
+                (format!(r#"{{"messages":[{{"content":{bad}}}]}}"#), false),
+                (
+                    format!(
+                        r#"{{"messages":[{{"content":[{{"type":"image","source":{{"data":{bad}}}}}]}}]}}"#
+                    ),
+                    false,
+                ),
+                (format!(r#"{{"tool_choice":{{"name":{bad}}}}}"#), false),
+                (format!(r#"{{"metadata":{bad}}}"#), false),
+                // A schema is kept as its text, which serde's raw reader checks no further.
+                (
+                    format!(r#"{{"tools":[{{"input_schema":{{"a":{bad}}}}}]}}"#),
+                    true,
+                ),
+                (format!(r#"{{"model":{bad}}}"#), true),
+                (
+                    format!(r#"{{"messages":[{{"cache_control":[{bad}]}}]}}"#),
+                    true,
+                ),
+            ] {
+                assert_eq!(agrees(text.as_bytes()), read, "{text}");
+                assert_eq!(
+                    serde_json::from_str::<MessagesRequest<'_>>(&text).is_ok(),
+                    read,
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    /// serde reads the keys of an object it visits as a map (an object where a scalar is
+    /// read), so a lone surrogate fails there; in a skipped value (an unknown member, an
+    /// array's element) it passes.
+    #[test]
+    fn keys_are_read_where_serde_reads_them() {
+        for (text, read) in [
+            (r#"{"model":{"\ud800":1}}"#, true),
+            (r#"{"max_tokens":{"\ud800":1}}"#, false),
+            (r#"{"messages":[{"content":{"\ud800":1}}]}"#, false),
+            (r#"{"tool_choice":[{"\ud800":1}]}"#, true),
+            (r#"{"max_tokens":[{"\ud800":1}]}"#, true),
+        ] {
+            assert_eq!(agrees(text.as_bytes()), read, "{text}");
+            assert_eq!(
+                serde_json::from_str::<MessagesRequest<'_>>(text).is_ok(),
+                read,
+                "{text}"
+            );
+        }
+        assert!(agrees(
+            br#"{"model":[{"\ud800":1}],"max_tokens":{"a":{"\ud800":1}}}"#
+        ));
+    }
+
+    #[test]
+    fn no_one_byte_edit_makes_the_reader_differ_from_serde() {
+        let read = check::one_byte_edits(&REQUESTS, agrees);
+        // Most edits leave valid JSON the reader is sure of: the reader, not serde, was tested.
+        assert!(read > 15_000, "only {read} edits were read by hand");
+    }
+
+    const KEYS: [&str; 24] = [
+        "max_tokens",
+        "system",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stop_sequences",
+        "stream",
+        "metadata",
+        "thinking",
+        "output_config",
+        "output_format",
+        "text",
+        "role",
+        "content",
+        "type",
+        "source",
+        "input",
+        "is_error",
+        "signature",
+        "data",
+        "input_schema",
+        "user_id",
+        "format",
+        "schema",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+        /// Objects made of the request's keys at every level, with values of every kind: the
+        /// reader never answers otherwise than serde.
+        #[test]
+        fn made_up_requests_are_read_as_serde_reads_them(seed: u64) {
+            agrees(check::made_up(seed, 5, &KEYS, &check::SCALARS).as_bytes());
+        }
+    }
 
     #[test]
     fn the_fast_path_takes_only_what_it_can_write_exactly() {

@@ -833,3 +833,109 @@ pub fn ir_to_request(
     };
     Ok((encoded(&out)?, UpstreamContext))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::ResponsesRequest;
+    use crate::translate::hand::check;
+
+    fn agrees(text: &[u8]) -> bool {
+        check::agrees::<ResponsesRequest<'_>>(text)
+    }
+
+    /// Requests as clients write them: Codex CLI's (instructions, a function call round trip,
+    /// encrypted reasoning, hosted tools), the OpenAI SDK's, and odd but accepted shapes.
+    const REQUESTS: [&str; 4] = [
+        r#"{"model":"gpt-5-codex","instructions":"You are Codex.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"run ls"}]},{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"Listing."}],"encrypted_content":"gAAAAB"},{"type":"function_call","call_id":"call_1","name":"shell","arguments":"{\"command\":[\"ls\"]}"},{"type":"function_call_output","call_id":"call_1","output":"a.txt\nb.txt"},{"type":"local_shell_call","call_id":"c2","action":{"type":"exec","command":["pwd"]}}],"tools":[{"type":"function","name":"shell","description":"Runs a command","strict":false,"parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}},{"type":"web_search"}],"tool_choice":"auto","parallel_tool_calls":false,"reasoning":{"effort":"medium","summary":"auto"},"store":false,"stream":true,"include":["reasoning.encrypted_content"],"prompt_cache_key":"k"}"#,
+        r#"{"model":"gpt-4o","input":"Say hello.","max_output_tokens":64,"temperature":0.5,"top_p":0.9,"user":"u","previous_response_id":"resp_1","text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"},"strict":true}}}"#,
+        r#"{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.com/a.png","detail":"low"},{"type":"input_text","text":"caf\u00e9 — 日本"}]},{"role":"assistant","content":[{"type":"output_text","text":"hi"},{"type":"refusal","refusal":"no"}]}],"tool_choice":{"type":"function","name":"f"},"conversation":"conv_1"}"#,
+        " {\n \"model\" : \"m\" , \"instructions\" : null , \"input\" : [ { \"type\" : \"message\" , \"role\" : \"developer\" , \"content\" : \"be brief\" } ] , \"reasoning\" : [ 1 ] , \"text\" : 7 , \"store\" : true , \"extra\" : { \"deep\" : [ [ [ { } ] ] ] } }\n",
+    ];
+
+    #[test]
+    fn requests_as_clients_write_them_are_read_by_hand_as_serde_reads_them() {
+        for text in REQUESTS {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    #[test]
+    fn the_fixture_requests_are_read_by_hand_as_serde_reads_them() {
+        for text in check::fixture_requests("responses") {
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    /// Values serde's read refuses, where a member is read: the hand reader leaves them to
+    /// serde, which names them. Where a member is skipped, both accept them.
+    #[test]
+    fn what_serde_refuses_is_refused_where_serde_reads_it() {
+        for bad in ["1e400", r#""\ud800""#] {
+            for (text, read) in [
+                (format!(r#"{{"max_output_tokens":{bad}}}"#), false),
+                (format!(r#"{{"instructions":{bad}}}"#), false),
+                (format!(r#"{{"input":[{{"content":{bad}}}]}}"#), false),
+                (
+                    format!(r#"{{"input":[{{"summary":[{{"text":{bad}}}]}}]}}"#),
+                    false,
+                ),
+                (format!(r#"{{"tool_choice":{{"name":{bad}}}}}"#), false),
+                (format!(r#"{{"store":{{"a":{bad}}}}}"#), true),
+                (format!(r#"{{"model":{bad}}}"#), true),
+                (format!(r#"{{"input":[{{"status":[{bad}]}}]}}"#), true),
+            ] {
+                assert_eq!(agrees(text.as_bytes()), read, "{text}");
+                assert_eq!(
+                    serde_json::from_str::<ResponsesRequest<'_>>(&text).is_ok(),
+                    read,
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_one_byte_edit_makes_the_reader_differ_from_serde() {
+        let read = check::one_byte_edits(&REQUESTS, agrees);
+        // Most edits leave valid JSON the reader is sure of: the reader, not serde, was tested.
+        assert!(read > 15_000, "only {read} edits were read by hand");
+    }
+
+    const KEYS: [&str; 23] = [
+        "action",
+        "arguments",
+        "call_id",
+        "content",
+        "effort",
+        "encrypted_content",
+        "format",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "name",
+        "output",
+        "parameters",
+        "reasoning",
+        "role",
+        "schema",
+        "store",
+        "stream",
+        "summary",
+        "text",
+        "tool_choice",
+        "tools",
+        "type",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+        /// Objects made of the request's keys at every level, with values of every kind: the
+        /// reader never answers otherwise than serde.
+        #[test]
+        fn made_up_requests_are_read_as_serde_reads_them(seed: u64) {
+            agrees(check::made_up(seed, 5, &KEYS, &check::SCALARS).as_bytes());
+        }
+    }
+}

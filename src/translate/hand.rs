@@ -1,0 +1,361 @@
+//! The lenient wire types ([`Loose`], `lax_struct!`, [`Raw`]) read by hand in one pass: what serde's read of the same types finds, when the reader is sure of the text, for a fraction of serde's work and code.
+//!
+//! The walk is [`json::walk`]'s, over text checked as UTF-8 whole: every value is checked as
+//! serde checks it, skipped values as serde checks what it ignores, kept strings borrowed or
+//! unescaped by serde. Anything the reader is unsure of (an escaped key, deep nesting) answers
+//! `None`, and the caller asks serde, which also names every failure. Every `lax_struct!` is
+//! readable this way: the macro writes its [`Hand`] impl.
+//!
+//! [`json::walk`]: crate::json::walk
+
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Number;
+
+use super::lax::{Both, Loose, Raw, RawText};
+use crate::json::walk::{self, literal, number, space};
+
+/// A type read by hand from JSON text.
+pub trait Hand<'a>: Sized {
+    /// Reads the value that starts at `at`, inside `open` containers: what serde's read of
+    /// it finds, and where it ends; `None` when the reader is unsure or serde would fail.
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)>;
+
+    /// Reads the object at `at` as a [`Loose`] holding `Self` for objects reads it: serde
+    /// visits it as a map, which for most types is their read.
+    fn read_map(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        Self::read(text, at, open)
+    }
+}
+
+/// The object `text` holds (and nothing but space around it), read by hand; `None` for any
+/// other text and whenever the reader is unsure.
+pub fn object<'a, T: Hand<'a>>(text: &'a str) -> Option<T> {
+    let b = text.as_bytes();
+    let at = space(b, 0);
+    if b.get(at) != Some(&b'{') {
+        return None;
+    }
+    let (value, end) = T::read(text, at, 0)?;
+    (space(b, end) == b.len()).then_some(value)
+}
+
+impl<'a> Hand<'a> for IgnoredAny {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        Some((IgnoredAny, walk::skip::<true>(text.as_bytes(), at, open)?))
+    }
+
+    /// An object skipped as a map: serde reads each of its keys as a string, unescaped (a lone
+    /// surrogate fails there, where a skipped value's key passes); a key with an escape is
+    /// left to serde.
+    fn read_map(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        if open >= walk::DEEPEST {
+            return None;
+        }
+        let b = text.as_bytes();
+        let end = walk::object::<true>(b, at, |_, at| walk::skip::<true>(b, at, open + 1))?;
+        Some((IgnoredAny, end))
+    }
+}
+
+impl<'a, T: Hand<'a>> Hand<'a> for Box<T> {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        T::read(text, at, open).map(|(value, end)| (Box::new(value), end))
+    }
+}
+
+/// A value read as one of JSON's scalars, as a [`Loose`] holds it.
+enum Scalar<'a> {
+    Null,
+    Bool(bool),
+    Num(Number),
+    Str(Cow<'a, str>),
+}
+
+/// Reads the scalar at `at` as serde reads it into a [`Loose`]; `None` for a container.
+fn scalar(text: &str, at: usize) -> Option<(Scalar<'_>, usize)> {
+    let b = text.as_bytes();
+    Some(match *b.get(at)? {
+        b'"' => {
+            let (end, escaped) = walk::string::<true>(b, at + 1)?;
+            let s = if escaped {
+                // Unescaped by serde, which also refuses a lone surrogate as its read would.
+                Cow::Owned(serde_json::from_str::<String>(text.get(at..end)?).ok()?)
+            } else {
+                Cow::Borrowed(text.get(at + 1..end - 1)?)
+            };
+            (Scalar::Str(s), end)
+        }
+        b't' => (Scalar::Bool(true), literal(b, at, b"true")?),
+        b'f' => (Scalar::Bool(false), literal(b, at, b"false")?),
+        b'n' => (Scalar::Null, literal(b, at, b"null")?),
+        b'-' | b'0'..=b'9' => {
+            let end = number(b, at)?;
+            let digits = b.get(at..end)?;
+            let n = if digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit) {
+                // A count (`max_tokens`): a plain integer that fits 64 bits, as serde reads it,
+                // without the cost of its number parser.
+                Number::from(
+                    digits
+                        .iter()
+                        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+                )
+            } else {
+                // Parsed as serde parses it: an f64 out of range fails, as its read would.
+                text.get(at..end)?.parse().ok()?
+            };
+            (Scalar::Num(n), end)
+        }
+        _ => return None,
+    })
+}
+
+impl<'a, A: Hand<'a>, O: Hand<'a>> Hand<'a> for Loose<'a, A, O> {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        let b = text.as_bytes();
+        match *b.get(at)? {
+            b'{' => O::read_map(text, at, open).map(|(o, end)| (Loose::Obj(o), end)),
+            b'[' => {
+                if open >= walk::DEEPEST {
+                    return None;
+                }
+                let mut items = Vec::new();
+                let end = array(b, at, |at| {
+                    let (item, end) = A::read(text, at, open + 1)?;
+                    items.push(item);
+                    Some(end)
+                })?;
+                Some((Loose::Arr(items), end))
+            }
+            _ => {
+                let (s, end) = scalar(text, at)?;
+                let value = match s {
+                    Scalar::Null => Loose::Null,
+                    Scalar::Bool(v) => Loose::Bool(v),
+                    Scalar::Num(n) => Loose::Num(n),
+                    Scalar::Str(s) => Loose::Str(s),
+                };
+                Some((value, end))
+            }
+        }
+    }
+}
+
+/// Reads the array whose `[` is at `at`: `element` reads each element and answers where it
+/// ends. Answers where the array ends.
+fn array(b: &[u8], at: usize, mut element: impl FnMut(usize) -> Option<usize>) -> Option<usize> {
+    let mut i = space(b, at + 1);
+    if b.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        i = space(b, element(i)?);
+        match b.get(i)? {
+            b',' => i = space(b, i + 1),
+            b']' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// The raw text of the value at `at`, taken by serde's own raw reader: it checks the value as
+/// the whole text's read would (it bounds no nesting there either), in one pass.
+fn raw(text: &str, at: usize) -> Option<(&RawValue, usize)> {
+    let rest = text.get(at..)?;
+    let mut de = serde_json::Deserializer::from_str(rest);
+    let value = <&RawValue>::deserialize(&mut de).ok()?;
+    // The raw text starts at the value's first byte, which is `at`.
+    (value.get().as_ptr() == rest.as_ptr()).then(|| (value, at + value.get().len()))
+}
+
+impl<'a> Hand<'a> for Raw<'a> {
+    fn read(text: &'a str, at: usize, _open: usize) -> Option<(Self, usize)> {
+        raw(text, at).map(|(value, end)| (Raw(Some(value)), end))
+    }
+}
+
+impl<'a> Hand<'a> for RawText<'a> {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        // Text needs no `RawValue`: the walk checks it, without serde.
+        let end = walk::skip::<true>(text.as_bytes(), at, open)?;
+        Some((RawText(Some(text.get(at..end)?)), end))
+    }
+}
+
+impl<'a, T: Hand<'a>> Hand<'a> for Both<'a, T> {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        let (typed, end) = T::read(text, at, open)?;
+        let (raw, _) = raw(text, at)?;
+        Some((
+            Both {
+                raw: Some(raw),
+                typed,
+            },
+            end,
+        ))
+    }
+}
+
+/// Reads the value at `at` as a `lax_struct!` reads it: an object by `member`, given each key
+/// and where its value starts, answering where the value ends; any other value as the
+/// default, once checked as serde reads it.
+pub fn lax<'a, T: Default>(
+    text: &'a str,
+    at: usize,
+    open: usize,
+    mut member: impl FnMut(&mut T, &[u8], usize) -> Option<usize>,
+) -> Option<(T, usize)> {
+    let b = text.as_bytes();
+    let mut out = T::default();
+    let end = if b.get(at) == Some(&b'{') {
+        if open >= walk::DEEPEST {
+            return None;
+        }
+        walk::object::<true>(b, at, |key, at| member(&mut out, key, at))?
+    } else {
+        // A scalar is read whole (and fails where a `Loose` would); an array's elements are
+        // skipped.
+        <Loose<'a>>::read(text, at, open)?.1
+    };
+    Some((out, end))
+}
+
+/// What the tests of each hand-read type share: the comparison with serde, one-byte edits,
+/// made-up objects, and the fixture bodies.
+#[cfg(test)]
+pub(crate) mod check {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use std::fmt::Debug;
+
+    use serde::Deserialize;
+
+    use super::Hand;
+
+    /// Whether the hand reader answered for `text`; when it did, it read what serde's read
+    /// finds, member for member (compared by their `Debug` text). Whatever it did, serde's read
+    /// is what it must match.
+    pub(crate) fn agrees<'a, T: Hand<'a> + Deserialize<'a> + Debug>(text: &'a [u8]) -> bool {
+        let shown = String::from_utf8_lossy(text);
+        let serde = serde_json::from_slice::<T>(text);
+        let Some(quick) = std::str::from_utf8(text).ok().and_then(super::object::<T>) else {
+            return false;
+        };
+        match serde {
+            Ok(serde) => assert_eq!(format!("{quick:?}"), format!("{serde:?}"), "{shown}"),
+            Err(e) => panic!("the hand reader read what serde refuses ({e}): {shown}"),
+        }
+        true
+    }
+
+    /// Every one-byte edit of `texts` (a byte deleted, or replaced by one that matters to
+    /// JSON) checked by `agrees`; answers how many the hand reader read.
+    pub(crate) fn one_byte_edits(texts: &[&str], agrees: impl Fn(&[u8]) -> bool) -> usize {
+        let mut read = 0;
+        for text in texts {
+            let text = text.as_bytes();
+            for at in 0..text.len() {
+                let mut deleted = text.to_vec();
+                deleted.remove(at);
+                read += usize::from(agrees(&deleted));
+                for b in *b"{}[]\",:\\\x00\x1f\x7fe-9ntu \xc3" {
+                    let mut edited = text.to_vec();
+                    edited[at] = b;
+                    read += usize::from(agrees(&edited));
+                }
+            }
+        }
+        read
+    }
+
+    /// Scalars of every kind a made-up object holds: escapes, surrogate pairs, bytes past
+    /// ASCII, integers of 19 and 20 digits, one past 64 bits, and a negative zero.
+    pub(crate) const SCALARS: [&str; 14] = [
+        "null",
+        "true",
+        "false",
+        "0",
+        "-0",
+        "17",
+        "2.5e3",
+        "9999999999999999999",
+        "12345678901234567890",
+        "18446744073709551616",
+        r#""""#,
+        r#""text""#,
+        r#""a\"b\\c\nd\u00e9\ud83d\ude00""#,
+        r#""é日本""#,
+    ];
+
+    /// A JSON object made of `keys` at every level from `seed` (each choice taken from its low
+    /// bits), nesting to `depth`, with `scalars` among its values.
+    pub(crate) fn made_up(seed: u64, depth: u32, keys: &[&str], scalars: &[&str]) -> String {
+        let mut seed = seed;
+        loop {
+            let v = value(&mut seed, depth, keys, scalars);
+            if v.starts_with('{') {
+                return v;
+            }
+        }
+    }
+
+    fn value(seed: &mut u64, depth: u32, keys: &[&str], scalars: &[&str]) -> String {
+        let mut pick = |n: usize| {
+            let v = *seed % n as u64;
+            *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            v as usize
+        };
+        match if depth == 0 { 0 } else { pick(3) } {
+            0 => scalars[pick(scalars.len())].to_owned(),
+            1 => {
+                let n = pick(4);
+                let items: Vec<String> = (0..n)
+                    .map(|_| value(seed, depth - 1, keys, scalars))
+                    .collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => {
+                let mut chosen: Vec<&str> = (0..pick(6)).map(|_| keys[pick(keys.len())]).collect();
+                chosen.sort_unstable();
+                chosen.dedup();
+                let members: Vec<String> = chosen
+                    .iter()
+                    .map(|k| format!("\"{k}\":{}", value(seed, depth - 1, keys, scalars)))
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+        }
+    }
+
+    /// The request bodies of the fixture suite (`tests/fixtures`) in `protocol`'s words
+    /// (`chat`, `messages` or `responses`): clients' requests and upstreams' requests.
+    pub(crate) fn fixture_requests(protocol: &str) -> Vec<String> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut out = Vec::new();
+        for dir in std::fs::read_dir(&root).unwrap() {
+            let dir = dir.unwrap().path();
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            let Some((client, upstream)) = name.split_once("_to_") else {
+                continue;
+            };
+            for case in std::fs::read_dir(&dir).unwrap() {
+                let case = case.unwrap().path();
+                for (side, file) in [
+                    (client, "client_request.json"),
+                    (upstream, "upstream_request.json"),
+                ] {
+                    if side == protocol {
+                        if let Ok(text) = std::fs::read_to_string(case.join(file)) {
+                            out.push(text);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(out.len() > 20, "{protocol}: {} fixture bodies", out.len());
+        out
+    }
+}
