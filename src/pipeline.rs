@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use arc_swap::ArcSwap;
 
 use crate::attempt::{InFlight, Selector};
-use crate::auth::Principal;
+use crate::auth::{KeyMemo, Principal};
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::KeyLimits;
 use crate::config::{
@@ -79,7 +79,9 @@ impl Gateway {
 }
 
 /// What one request touched, for the access log and the `x-modelgate-*` headers.
-struct Ctx {
+struct Ctx<'a> {
+    /// The client connection's memo of the last key it presented.
+    keys_seen: &'a KeyMemo,
     request_id: HeaderValue,
     key: Option<Arc<Principal>>,
     model: Option<Arc<Model>>,
@@ -105,7 +107,7 @@ struct Ctx {
     fate: Fate,
 }
 
-impl Ctx {
+impl Ctx<'_> {
     /// Notes one attempt for the access log and `modelgate_upstream_attempts_total`.
     fn log_attempt(
         &mut self,
@@ -253,7 +255,13 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 }
 
 /// Serves one request; never fails, every error is rendered here in the path's shape.
-pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> Response<Body> {
+/// `keys_seen` is the client connection's memo of the last key it presented.
+pub async fn handle(
+    gw: &Gateway,
+    address: Address,
+    req: Request<Incoming>,
+    keys_seen: &KeyMemo,
+) -> Response<Body> {
     let started = Instant::now();
     // The head stays here and the layers below borrow it: an `async fn` keeps a by-value
     // argument twice in its future (as the argument and as the local it moves to), so handing
@@ -262,6 +270,7 @@ pub async fn handle(gw: &Gateway, address: Address, req: Request<Incoming>) -> R
     let method = parts.method.clone();
     let path = parts.uri.path().to_owned();
     let mut ctx = Ctx {
+        keys_seen,
         request_id: request_id(&parts.headers),
         key: None,
         model: None,
@@ -362,7 +371,7 @@ async fn dispatch(
     ep: Endpoint,
     parts: &Parts,
     body: Incoming,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     // The future of a request lives inline in hyper's per-connection state for as long as the
     // connection is open, sized for its largest branch: the less frequent branches with large
@@ -381,7 +390,9 @@ async fn dispatch(
             inplace::boxed(|| stored_response(gw, rt, address, parts, ctx)).await
         }
         Endpoint::Models => {
-            let principal = rt.keys.authenticate(&parts.headers, address, false)?;
+            let principal = rt
+                .keys
+                .authenticate(&parts.headers, address, false, ctx.keys_seen)?;
             ctx.key = Some(principal.clone());
             Ok(list_models(rt, address, &principal))
         }
@@ -415,14 +426,15 @@ async fn video(
     rt: &Routing,
     parts: &Parts,
     body: Incoming,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     let ep = VideoEndpoint::parse(&parts.method, parts.uri.path())?;
     if ep.needs_key() {
-        ctx.key = Some(
-            rt.keys
-                .authenticate(&parts.headers, Address::Video, false)?,
-        );
+        ctx.key =
+            Some(
+                rt.keys
+                    .authenticate(&parts.headers, Address::Video, false, ctx.keys_seen)?,
+            );
     }
     // Video creation counts against the key's requests per minute; a task has no tokens.
     let mut _hold = Hold::default();
@@ -463,7 +475,7 @@ async fn admit(
     gw: &Gateway,
     key: &Principal,
     limits: KeyLimits,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Hold, GatewayError> {
     if limits.is_unlimited() {
         return Ok(Hold::default());
@@ -490,9 +502,11 @@ async fn stored_response(
     rt: &Routing,
     address: Address,
     parts: &Parts,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
-    let principal = rt.keys.authenticate(&parts.headers, address, false)?;
+    let principal = rt
+        .keys
+        .authenticate(&parts.headers, address, false, ctx.keys_seen)?;
     ctx.key = Some(principal.clone());
     let path = parts.uri.path();
     let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
@@ -603,9 +617,11 @@ async fn count_tokens(
     address: Address,
     parts: &Parts,
     body: Incoming,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
-    let principal = rt.keys.authenticate(&parts.headers, address, true)?;
+    let principal = rt
+        .keys
+        .authenticate(&parts.headers, address, true, ctx.keys_seen)?;
     ctx.key = Some(principal.clone());
     let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
     let obj = crate::validate::request_object(&bytes)?;
@@ -699,11 +715,14 @@ async fn llm(
     protocol: Protocol,
     parts: &Parts,
     body: Incoming,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
-    let principal =
-        rt.keys
-            .authenticate(&parts.headers, address, protocol == Protocol::Messages)?;
+    let principal = rt.keys.authenticate(
+        &parts.headers,
+        address,
+        protocol == Protocol::Messages,
+        ctx.keys_seen,
+    )?;
     ctx.key = Some(principal.clone());
     let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
     let obj = crate::validate::request_object(&bytes)?;
@@ -818,7 +837,7 @@ async fn attempts(
     selector: &mut Selector,
     headers: &HeaderMap,
     hold: &mut Hold,
-    ctx: &mut Ctx,
+    ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     let model = selector.model().clone();
     let policy = model.retry;

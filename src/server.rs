@@ -378,8 +378,10 @@ impl Connection {
         let gw = self.shared.gw.clone();
         let address = self.address;
         let busy = activity.clone();
+        let keys_seen = Arc::new(crate::auth::KeyMemo::default());
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw.clone();
+            let keys_seen = keys_seen.clone();
             // Counted from the request head until its response body is dropped, so a stream
             // with long pauses is never taken for an idle connection.
             let request = busy.request();
@@ -388,7 +390,8 @@ impl Connection {
                 // future is several KB: boxed on its own, it is freed once the response head is
                 // out, instead of staying with every open stream and idle keep-alive connection
                 // (7 KB less per open stream in benches/memory.sh, for under 1% more instructions).
-                let resp = crate::inplace::boxed(|| pipeline::handle(&gw, address, req)).await;
+                let resp =
+                    crate::inplace::boxed(|| pipeline::handle(&gw, address, req, &keys_seen)).await;
                 Ok::<_, std::convert::Infallible>(
                     resp.map(|b| BodyExt::boxed(crate::body::Guarded::new(b, request))),
                 )

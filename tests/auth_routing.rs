@@ -666,3 +666,67 @@ async fn admin_health_and_readiness() {
         .unwrap();
     assert_eq!(resp.status(), 404, "client paths are not served on admin");
 }
+
+/// One keep-alive connection carrying several clients' keys in turn (a proxy's pool): each
+/// request is authenticated as its own key, whatever the connection presented before, though
+/// the gateway remembers the last key's digest per connection.
+#[tokio::test]
+async fn each_request_on_one_connection_is_its_own_keys() {
+    use http_body_util::{BodyExt, Full};
+    let s = Setup::new().await;
+    let url: hyper::Uri = s.chat_url(Address::Base).parse().unwrap();
+    let authority = url.authority().unwrap().as_str().to_owned();
+    let sock = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test's client connection, driven beside its requests and ended with the test"
+    )]
+    let conn = tokio::spawn(conn);
+    let body = chat_body("gpt-3.5").to_string();
+    let prefix = &KEY[..KEY.len() - 1];
+    let longer = format!("{KEY}x");
+    let same_length = format!("{prefix}#");
+    // (key, status): LIMITED may not use gpt-3.5, ONE_NAME and KEY may.
+    let cases = [
+        (KEY, 200),
+        ("sk-wrong", 401),
+        (KEY, 200),
+        (LIMITED, 404),
+        (ONE_NAME, 200),
+        (prefix, 401),
+        (KEY, 200),
+        (&same_length, 401),
+        (&longer, 401),
+        (BASE_ONLY, 200),
+        (LIMITED, 404),
+        (HASHED, 200),
+    ];
+    for (i, (key, want)) in cases.into_iter().enumerate() {
+        send.ready().await.unwrap();
+        let req = hyper::Request::post(url.clone())
+            .header("host", &authority)
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body.clone())))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            status,
+            want,
+            "request {i} ({key}): {}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    assert!(!conn.is_finished(), "all on one connection");
+    assert_eq!(
+        s.a.seen().len() + s.b.seen().len(),
+        6,
+        "only the accepted requests went upstream"
+    );
+}
