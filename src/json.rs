@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 
 pub mod scan;
 pub mod walk;
+pub mod write;
 
 /// What a field's value was expected to be; renders into "expected …" messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -687,6 +687,14 @@ pub struct AnthropicThinking {
 }
 
 impl AnthropicThinking {
+    /// Writes it as serde writes it.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut o = crate::json::write::Object::open(out);
+        o.str("type", self.kind);
+        o.some_u64("budget_tokens", self.budget_tokens);
+        o.close();
+    }
+
     /// `{"type": "enabled"}` or `{"type": "disabled"}`, no budget.
     pub fn switch(on: bool) -> Self {
         Self {
