@@ -73,7 +73,7 @@ impl std::hash::Hasher for DigestHasher {
 }
 
 /// The last key presented on one client connection and its digest. A client sends the same key
-/// with every request of a keep-alive connection, and hashing it was about 4% of a JSON
+/// with every request of a keep-alive connection, and hashing it was about 5% of a JSON
 /// request's instructions. The key is compared in constant time: one connection may carry
 /// several clients' requests (a proxy's pool). It lives as long as the connection, in memory
 /// only, as the request heads that carried it do.

@@ -2,6 +2,8 @@
 //!
 //! The rules are those of `Value::get`: a repeated key keeps its last value, and a value that is
 //! not an object reads as an object with no fields. Unknown fields are skipped without being kept.
+//! [`parse`] reads a body by hand first ([`super::hand`], whose reader `lax_struct!` writes for
+//! each struct) and through serde when the hand reader is unsure: both find the same.
 
 use std::borrow::Cow;
 use std::fmt;
