@@ -251,6 +251,35 @@ pub(crate) mod check {
         true
     }
 
+    /// Asserts that each of `texts` is read by hand, as serde reads it.
+    pub(crate) fn all_read<T: AsRef<str>>(
+        texts: impl IntoIterator<Item = T>,
+        agrees: impl Fn(&[u8]) -> bool,
+    ) {
+        for text in texts {
+            let text = text.as_ref();
+            assert!(agrees(text.as_bytes()), "left to serde: {text}");
+        }
+    }
+
+    /// Values serde's read refuses (a number past f64's range, a lone surrogate) put where
+    /// `{bad}` stands in each case: where a member is read (`false`), neither the hand reader
+    /// nor serde reads the text, and serde names the problem; where it is skipped (`true`),
+    /// both read it.
+    pub(crate) fn refused_where_read(
+        cases: &[(&str, bool)],
+        agrees: impl Fn(&[u8]) -> bool,
+        serde_reads: impl Fn(&str) -> bool,
+    ) {
+        for bad in ["1e400", r#""\ud800""#] {
+            for (template, read) in cases {
+                let text = template.replace("{bad}", bad);
+                assert_eq!(agrees(text.as_bytes()), *read, "{text}");
+                assert_eq!(serde_reads(&text), *read, "{text}");
+            }
+        }
+    }
+
     /// Every one-byte edit of `texts` (a byte deleted, or replaced by one that matters to
     /// JSON) checked by `agrees`; answers how many the hand reader read.
     pub(crate) fn one_byte_edits(texts: &[&str], agrees: impl Fn(&[u8]) -> bool) -> usize {
