@@ -65,6 +65,10 @@ impl<'a, T: Hand<'a>> Hand<'a> for Box<T> {
     fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
         T::read(text, at, open).map(|(value, end)| (Box::new(value), end))
     }
+
+    fn read_map(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        T::read_map(text, at, open).map(|(value, end)| (Box::new(value), end))
+    }
 }
 
 /// A value read as one of JSON's scalars, as a [`Loose`] holds it.
