@@ -1,4 +1,4 @@
-//! Checked one-pass walks over JSON text for the hand readers of replies: each function reads one piece at a position and answers where it ends, so the position stays in a register.
+//! Checked one-pass walks over JSON text for the hand readers (of requests, replies and usage objects): each function reads one piece at a position and answers where it ends, so the position stays in a register.
 //!
 //! Each answers `None` when unsure, and what it accepts serde accepts: what is skipped is
 //! checked as serde checks what it ignores, and anything unusual (an escaped key, deep nesting,
