@@ -166,8 +166,6 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                 // Built here, so a runtime that cannot start fails the start, not one loop.
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
-                    // Access lines are held while the loop has work and written when it waits.
-                    .on_thread_park(crate::logfmt::flush_access_lines)
                     .build()?;
                 let (shared, shutdown_rx, alive) =
                     (shared.clone(), shutdown_rx.clone(), alive_tx.clone());
@@ -176,7 +174,6 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
                     .spawn(move || {
                         let _logs = tracing::dispatcher::set_default(&logs);
                         WORKER.with(|cell| cell.set(w));
-                        crate::logfmt::hold_access_lines();
                         event_loop(rt, mine, &shared, &shutdown_rx, alive);
                     })?;
             }
@@ -224,6 +221,13 @@ fn event_loop(
     alive: mpsc::Sender<()>,
 ) {
     rt.block_on(async {
+        // This loop's access lines are held and written by a task of its own, a second at
+        // most after their requests ended (`logfmt::HOLD_FOR`).
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the loop's log writer: ends with the runtime, which writes what is left"
+        )]
+        tokio::spawn(crate::logfmt::hold_access_lines());
         let (mine, mut ended) = mpsc::channel::<()>(1);
         for (address, socket, tls, slots) in sockets {
             match TcpListener::from_std(socket) {

@@ -15,6 +15,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
+use modelgate::logfmt::HOLD_FOR;
 use serde_json::{json, Value};
 
 struct Served {
@@ -398,7 +399,8 @@ async fn text_access_lines_have_every_field_and_follow_the_filter() {
     // A model name a client chose, with a quote in it: written escaped, never raw.
     let (status, _, _) = post_json(&url, chat_body("m-\"odd\"")).await;
     assert_eq!(status, 200);
-    let found = text_access_lines(&lines, Duration::from_secs(2)).await;
+    // A loop holds its lines for up to `HOLD_FOR`, then writes them even when idle.
+    let found = text_access_lines(&lines, HOLD_FOR + Duration::from_secs(2)).await;
     let _ = child.kill();
     let _ = child.wait();
     let [line] = found.as_slice() else {
@@ -423,8 +425,36 @@ async fn text_access_lines_have_every_field_and_follow_the_filter() {
     let (mut child, lines, base) = serve_text(&config, "info,modelgate::access=off");
     let (status, _, _) = post_json(&format!("{base}/v1/chat/completions"), chat_body("m")).await;
     assert_eq!(status, 200);
-    let found = text_access_lines(&lines, Duration::from_millis(500)).await;
+    let found = text_access_lines(&lines, HOLD_FOR + Duration::from_secs(1)).await;
     let _ = child.kill();
     let _ = child.wait();
     assert!(found.is_empty(), "{found:?}");
+
+    // A gateway told to stop (SIGINT, as Ctrl-C) writes the lines its loops still hold.
+    let (mut child, lines, base) = serve_text(&config, "info");
+    for model in ["m-first", "m-second"] {
+        let (status, _, _) =
+            post_json(&format!("{base}/v1/chat/completions"), chat_body(model)).await;
+        assert_eq!(status, 200);
+    }
+    let stopped = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(child.wait().unwrap().success());
+    // Everything it wrote, up to the pipe's end.
+    let mut found = Vec::new();
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(20)) {
+        if l.contains(" modelgate::access: ") {
+            found.push(l);
+        }
+    }
+    // Each loop writes its own lines, so two requests served by two loops may come in either
+    // order (each line has its time).
+    assert_eq!(found.len(), 2, "{found:?}");
+    for model in ["m-first", "m-second"] {
+        let model = format!("model=\"{model}\"");
+        assert!(found.iter().any(|l| l.contains(&model)), "{found:?}");
+    }
 }
