@@ -679,42 +679,6 @@ where
     }
 }
 
-pin_project! {
-    /// A body that holds a value until it is dropped: the end of the response for whoever
-    /// counts it (a target's requests in flight).
-    pub struct Guarded<B, G> {
-        #[pin]
-        inner: B,
-        guard: G,
-    }
-}
-
-impl<B, G> Guarded<B, G> {
-    pub fn new(inner: B, guard: G) -> Self {
-        Self { inner, guard }
-    }
-}
-
-impl<B: HttpBody, G> HttpBody for Guarded<B, G> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -635,6 +635,17 @@ impl crate::logfmt::Deferred for Finisher {
     }
 }
 
+/// What a response holds until the client's body is dropped, let go in this order once the
+/// body it wraps is: the target's count of attempts in flight, the key's concurrency slot, the
+/// connection's count of requests. Fields of the body the client receives rather than a body
+/// layer each: a layer is an allocation and a dynamic call per frame.
+#[derive(Default)]
+pub struct Holds {
+    pub in_flight: Option<crate::attempt::InFlight>,
+    pub slot: Option<crate::limits::Hold>,
+    pub request: Option<crate::server::RequestGuard>,
+}
+
 pin_project! {
     /// The body the client receives, watched to its end: the first byte, the gaps between
     /// chunks, and how it ended. No task and no channel: it is polled by hyper like any body.
@@ -642,6 +653,8 @@ pin_project! {
         #[pin]
         inner: B,
         finisher: Option<Box<Finisher>>,
+        // Declared after `inner`, so dropped after it.
+        holds: Holds,
     }
 
     impl<B> PinnedDrop for Observed<B> {
@@ -658,7 +671,14 @@ pin_project! {
 
 impl<B: HttpBody> Observed<B> {
     /// Counts the request in flight until the body is over; `stream` for an event stream.
-    pub fn new(inner: B, record: Record, metrics: Arc<Metrics>, stream: bool) -> Self {
+    /// `holds` are kept until the body is dropped.
+    pub fn new(
+        inner: B,
+        record: Record,
+        metrics: Arc<Metrics>,
+        stream: bool,
+        holds: Holds,
+    ) -> Self {
         let nothing_to_send = record.method == http::Method::HEAD || inner.is_end_stream();
         metrics.in_flight.inc();
         if stream {
@@ -677,6 +697,7 @@ impl<B: HttpBody> Observed<B> {
                 nothing_to_send,
                 ended: None,
             })),
+            holds,
         }
     }
 }

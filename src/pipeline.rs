@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 
 use arc_swap::ArcSwap;
 
-use crate::attempt::{InFlight, Selector};
+use crate::attempt::Selector;
 use crate::auth::{KeyMemo, Principal};
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::KeyLimits;
@@ -26,7 +26,7 @@ use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::limits::Hold;
 use crate::metrics::{Metrics, RouteSeries};
-use crate::observe::{Fate, Metered, Observed, Record, TokenCell, UsageReader};
+use crate::observe::{Fate, Holds, Metered, Observed, Record, TokenCell, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -101,6 +101,8 @@ struct Ctx<'a> {
     key_name: Option<String>,
     /// The client's protocol, for LLM requests.
     protocol: &'static str,
+    /// What the answer holds until its body is dropped.
+    holds: Holds,
     /// Usage read from the upstream's reply.
     tokens: Arc<TokenCell>,
     /// Set by the response body when it fails after its head.
@@ -261,6 +263,7 @@ pub async fn handle(
     address: Address,
     req: Request<Incoming>,
     keys_seen: &KeyMemo,
+    request: crate::server::RequestGuard,
 ) -> Response<Body> {
     let started = Instant::now();
     // The head stays here and the layers below borrow it: an `async fn` keeps a by-value
@@ -284,6 +287,10 @@ pub async fn handle(
         protocol: "",
         tokens: Arc::default(),
         fate: Fate::default(),
+        holds: Holds {
+            request: Some(request),
+            ..Holds::default()
+        },
     };
     let ep = endpoint(address, &path);
     // Anthropic clients read every error under their path in their own shape, a 404 included.
@@ -306,6 +313,9 @@ pub async fn handle(
     let mut resp = match result {
         Ok(resp) => resp,
         Err(err) => {
+            // What an attempt held is let go with the answer it did not become.
+            ctx.holds.in_flight = None;
+            ctx.holds.slot = None;
             match err.side() {
                 crate::error::Side::Client => {
                     tracing::debug!(request_id = ?ctx.request_id, error = %err, "request refused")
@@ -361,7 +371,7 @@ pub async fn handle(
         fate: ctx.fate,
     };
     let metrics = gw.services.metrics.clone();
-    resp.map(|b| BodyExt::boxed(Observed::new(b, record, metrics, stream)))
+    resp.map(|b| BodyExt::boxed(Observed::new(b, record, metrics, stream, ctx.holds)))
 }
 
 async fn dispatch(
@@ -815,8 +825,9 @@ async fn llm(
         }
         _ => resp,
     };
-    // The concurrency slot is held until the response's last byte.
-    Ok(resp.map(|b| BodyExt::boxed(body::Guarded::new(b, hold))))
+    // The concurrency slot is held until the response's body is dropped.
+    ctx.holds.slot = Some(hold);
+    Ok(resp)
 }
 
 /// An attempt that failed in a way another attempt could mend, kept to answer with if it is the last.
@@ -953,7 +964,9 @@ async fn attempts(
                             Some((encoded.protocol, target.upstream.kind != UpstreamKind::Mock));
                         let resp =
                             respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
-                        return Ok(with_guard(resp, inflight));
+                        // The target counts this attempt in flight until its body is dropped.
+                        ctx.holds.in_flight = Some(inflight);
+                        return Ok(resp);
                     }
                     Err(e) => e,
                 }
@@ -1050,11 +1063,6 @@ async fn first_frame(
         None => body,
     };
     Ok(Response::from_parts(parts, body))
-}
-
-/// Keeps the target counted in flight until the response body is done with.
-fn with_guard(resp: Response<Body>, guard: InFlight) -> Response<Body> {
-    resp.map(|b| BodyExt::boxed(body::Guarded::new(b, guard)))
 }
 
 /// The answer in the client's protocol.

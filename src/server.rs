@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -394,11 +393,11 @@ impl Connection {
                 // future is several KB: boxed on its own, it is freed once the response head is
                 // out, instead of staying with every open stream and idle keep-alive connection
                 // (7 KB less per open stream in benches/memory.sh, for under 1% more instructions).
-                let resp =
-                    crate::inplace::boxed(|| pipeline::handle(&gw, address, req, &keys_seen)).await;
-                Ok::<_, std::convert::Infallible>(
-                    resp.map(|b| BodyExt::boxed(crate::body::Guarded::new(b, request))),
-                )
+                let resp = crate::inplace::boxed(|| {
+                    pipeline::handle(&gw, address, req, &keys_seen, request)
+                })
+                .await;
+                Ok::<_, std::convert::Infallible>(resp)
             }
         });
         let conn = self.shared.builder.serve_connection(io, service);
@@ -465,7 +464,8 @@ impl Activity {
 }
 
 /// Keeps a request counted until its response body is dropped.
-struct RequestGuard(Arc<Activity>);
+/// A request of a connection, counted from its head until its response body is dropped.
+pub struct RequestGuard(Arc<Activity>);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {

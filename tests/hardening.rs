@@ -252,6 +252,34 @@ async fn a_head_that_trickles_in_is_closed_at_the_client_idle_timeout() {
     );
 }
 
+/// The other side of the client idle timeout: a connection with a response still going out
+/// is never idle, however long its stream pauses.
+#[tokio::test]
+async fn a_stream_pausing_past_the_client_idle_timeout_keeps_its_connection() {
+    let chunk = |text: &str| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]})
+        )
+    };
+    let (first, second) = (chunk("before"), chunk("after"));
+    let up = FakeUpstream::start(move |_| {
+        // A pause of 900 ms: three times the client idle timeout (300 ms), under the upstream
+        // idle timeout (2 s).
+        Reply::sse(vec![
+            (Duration::ZERO, &first),
+            (Duration::from_millis(900), &second),
+            (Duration::ZERO, "data: [DONE]\n\n"),
+        ])
+    })
+    .await;
+    let gw = hostile(&up).await;
+    let text = raw_stream_chunks(&gw.base("")).await.concat();
+    for part in ["\"before\"", "\"after\"", "[DONE]"] {
+        assert!(text.contains(part), "{part} missing from {text:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_http2_connection_that_only_pings_is_closed() {
     let up = FakeUpstream::start(|_| Reply::json(200, json!({"ok": true}))).await;
