@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::config::{Config, HealthPolicy, Model, RetryPolicy, Strategy};
@@ -267,23 +268,28 @@ impl BudgetWindow {
 pub struct Pick {
     pub model: Arc<Model>,
     /// The name the model was asked for: the client's, or the fallback's as configured.
-    pub name: String,
+    pub name: Arc<str>,
     pub index: usize,
     pub probe: bool,
 }
+
+/// The requested model followed by its resolved fallbacks, each with the name it was asked by.
+/// Inline for up to two models: a request builds one, and most have no fallback.
+pub type Chain = SmallVec<[(Arc<Model>, Arc<str>); 2]>;
 
 /// The order of attempts for one request: the model's targets, each once, by its strategy;
 /// then each fallback's; then the last model's targets again while attempts remain.
 #[derive(Debug)]
 pub struct Selector {
-    chain: Vec<(Arc<Model>, String)>,
+    chain: Chain,
     /// Position in `chain` of the model being tried.
     pos: usize,
     /// Where the request stands with each target: the chain's models' targets one after another,
-    /// in one list (most requests have one model with one target).
-    slots: Vec<Slot>,
-    /// The targets still open in the current round, kept so each pick does not allocate.
-    open: Vec<usize>,
+    /// in one list (most requests have one model with one target). Inline for a few, as
+    /// `open`: a request makes one selector.
+    slots: SmallVec<[Slot; 4]>,
+    /// The targets still open in the current round.
+    open: SmallVec<[usize; 8]>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -300,13 +306,13 @@ struct Slot {
 impl Selector {
     /// `chain` is the requested model followed by its resolved fallbacks, each with the name
     /// it was asked by.
-    pub fn new(chain: Vec<(Arc<Model>, String)>) -> Self {
+    pub fn new(chain: Chain) -> Self {
         let targets = chain.iter().map(|(m, _)| m.targets.len()).sum();
         Self {
-            slots: vec![Slot::default(); targets],
+            slots: smallvec::smallvec![Slot::default(); targets],
             chain,
             pos: 0,
-            open: Vec::new(),
+            open: SmallVec::new(),
         }
     }
 
@@ -409,7 +415,7 @@ impl Selector {
 /// is a probe of a target whose ejection ran out.
 fn choose(rt: &Runtime, m: &Model, open: &[usize]) -> (usize, bool) {
     let now = Instant::now();
-    let mut healthy = Vec::with_capacity(open.len());
+    let mut healthy: SmallVec<[usize; 8]> = SmallVec::new();
     let mut probe = None;
     let mut oldest: Option<(Instant, usize)> = None;
     for &i in open {

@@ -11,6 +11,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 use serde_json::Value;
+use smallvec::SmallVec;
 
 use crate::config::Protocol;
 use crate::limits::Meter;
@@ -53,7 +54,8 @@ pub struct UsageReader {
 enum Kind {
     /// The body's last frames, at least `JSON_TAIL` bytes of them when it is that long; kept
     /// by reference count, so a reply is not copied as it passes.
-    Json(std::collections::VecDeque<Bytes>),
+    /// Inline: most replies come in one or two frames.
+    Json(SmallVec<[Bytes; 2]>),
     /// The bytes of an event not complete yet, and where events end (`sse::EventEnds`: every
     /// line end, each byte looked at once however the frames split it); only events mentioning
     /// usage are parsed, so a stream costs a scan per byte and no allocation per event.
@@ -65,7 +67,7 @@ impl UsageReader {
         let kind = if stream {
             Kind::Sse(Vec::new(), crate::sse::EventEnds::default())
         } else {
-            Kind::Json(std::collections::VecDeque::new())
+            Kind::Json(SmallVec::new())
         };
         Self {
             protocol,
@@ -77,12 +79,14 @@ impl UsageReader {
     pub fn feed(&mut self, bytes: &Bytes) {
         match &mut self.kind {
             Kind::Json(frames) => {
-                frames.push_back(bytes.clone());
+                frames.push(bytes.clone());
                 let mut kept: usize = frames.iter().map(Bytes::len).sum();
-                while frames.len() > 1 && kept - frames[0].len() >= JSON_TAIL {
-                    kept -= frames[0].len();
-                    frames.pop_front();
+                let mut drop = 0;
+                while frames.len() - drop > 1 && kept - frames[drop].len() >= JSON_TAIL {
+                    kept -= frames[drop].len();
+                    drop += 1;
                 }
+                frames.drain(..drop);
             }
             Kind::Sse(partial, ends) => {
                 // Only the new bytes are searched for event ends: a long event in many small
@@ -391,12 +395,17 @@ pub struct Record {
     pub request_id: http::HeaderValue,
     pub address: &'static str,
     pub method: http::Method,
+    /// A copy: the head's own bytes share hyper's read buffer, which a record held for the
+    /// access log must not keep.
     pub path: String,
-    pub key: Option<String>,
+    /// The key, when one was authenticated (shared with the config, not copied).
+    pub principal: Option<Arc<crate::auth::Principal>>,
+    /// The key's name where no authenticated key gives it (a video download's signed id).
+    pub key_name: Option<String>,
     /// The model name the client sent.
-    pub model: Option<String>,
+    pub model: Option<Arc<str>>,
     /// The config entry that served it: the metrics' label, never a client's string.
-    pub model_entry: Option<String>,
+    pub model_entry: Option<Arc<crate::config::Model>>,
     pub upstream: Option<String>,
     /// The series of `model_entry` served by `upstream`, when an upstream was tried.
     pub series: Option<Arc<RouteSeries>>,
@@ -411,6 +420,21 @@ pub struct Record {
 }
 
 impl Record {
+    /// The key's name, for the access log and the token counts.
+    fn key(&self) -> Option<&str> {
+        match &self.principal {
+            Some(p) => Some(&p.name),
+            None => self.key_name.as_deref(),
+        }
+    }
+
+    fn model_label(&self) -> String {
+        self.model_entry
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default()
+    }
+
     /// `ok | upstream_error | client_cancelled | timeout | refused` (gateway.md §12).
     fn outcome(&self, ended: bool) -> &'static str {
         match self.fate.get() {
@@ -468,7 +492,7 @@ impl Finisher {
         ttfb: Option<Duration>,
     ) {
         let (r, m) = (&self.record, &self.metrics);
-        let model = r.model_entry.clone().unwrap_or_default();
+        let model = r.model_label();
         let upstream = r.upstream.clone().unwrap_or_default();
         let protocol = r.protocol.to_owned();
         m.requests
@@ -508,7 +532,7 @@ impl Finisher {
                         .metrics
                         .inter_chunk
                         .get_or_create(&ChunkLabels {
-                            model: r.model_entry.clone().unwrap_or_default(),
+                            model: r.model_label(),
                             upstream: r.upstream.clone().unwrap_or_default(),
                         })
                         .clone(),
@@ -548,18 +572,18 @@ impl Finisher {
         if !counted || !ok {
             self.count_by_labels(outcome, counted, duration, ttfb);
         }
-        if let Some(key) = &r.key {
+        if let Some(key) = r.key() {
             let counts = [tokens.input, tokens.output, tokens.cached];
             match &r.series {
                 Some(s) => s.tokens(m, key, counts),
                 _ if counts.iter().any(|n| *n > 0) => {
-                    let model = r.model_entry.clone().unwrap_or_default();
+                    let model = r.model_label();
                     for (direction, n) in TOKEN_DIRECTIONS.into_iter().zip(counts) {
                         if n > 0 {
                             m.tokens
                                 .get_or_create(&TokenLabels {
                                     model: model.clone(),
-                                    key: key.clone(),
+                                    key: key.to_owned(),
                                     direction,
                                 })
                                 .inc_by(n);
@@ -579,7 +603,7 @@ impl Finisher {
                 address = r.address,
                 method = %r.method,
                 path = %r.path,
-                key = r.key.as_deref(),
+                key = r.key(),
                 model = r.model.as_deref(),
                 upstream = r.upstream.as_deref(),
                 attempts = r.attempts,
@@ -617,7 +641,7 @@ impl crate::logfmt::Deferred for Finisher {
         l.str("address", r.address);
         l.bare("method", r.method.as_str());
         l.bare("path", &r.path);
-        l.opt_str("key", r.key.as_deref());
+        l.opt_str("key", r.key());
         l.opt_str("model", r.model.as_deref());
         l.opt_str("upstream", r.upstream.as_deref());
         l.u64("attempts", u64::from(r.attempts));
@@ -766,6 +790,31 @@ mod tests {
             r.feed(&Bytes::copy_from_slice(std::slice::from_ref(b)));
         }
         r.finish()
+    }
+
+    /// A long JSON reply in many frames: only a tail of at least `JSON_TAIL` bytes is kept,
+    /// and the usage at its end is read from it.
+    #[test]
+    fn a_long_reply_keeps_only_its_tail_and_reads_its_usage() {
+        let reply = format!(
+            r#"{{"choices":[{{"message":{{"content":"{}"}}}}],"usage":{{"prompt_tokens":3,"completion_tokens":200000}}}}"#,
+            "x".repeat(200_000)
+        );
+        let mut r = UsageReader::new(Protocol::Chat, false);
+        for frame in reply.as_bytes().chunks(1000) {
+            r.feed(&Bytes::copy_from_slice(frame));
+            let Kind::Json(frames) = &r.kind else {
+                panic!("a JSON reader");
+            };
+            let kept: usize = frames.iter().map(Bytes::len).sum();
+            let without_first = kept - frames.first().map_or(0, Bytes::len);
+            assert!(without_first < JSON_TAIL, "{kept} bytes kept");
+        }
+        let Kind::Json(frames) = &r.kind else {
+            panic!("a JSON reader");
+        };
+        assert!(frames.iter().map(Bytes::len).sum::<usize>() >= JSON_TAIL);
+        assert_eq!(r.finish().total(), 200_003);
     }
 
     #[test]

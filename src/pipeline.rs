@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 
 use arc_swap::ArcSwap;
 
-use crate::attempt::Selector;
+use crate::attempt::{Chain, Selector};
 use crate::auth::{KeyMemo, Principal};
 use crate::body::{self, Body, StreamGuard, UpstreamBody};
 use crate::config::KeyLimits;
@@ -34,6 +34,7 @@ use crate::translate::{self, Translation};
 use crate::upstream;
 use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
 use crate::{inplace, mock, stateful, validate};
+use smallvec::SmallVec;
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {
@@ -96,7 +97,7 @@ struct Ctx<'a> {
     /// Headers every answer carries, refusals included (`x-ratelimit-*`, `retry-after`).
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// The model name the client sent.
-    client_model: Option<String>,
+    client_model: Option<Arc<str>>,
     /// The key's name where no authenticated key gives it (a video download's signed id).
     key_name: Option<String>,
     /// The client's protocol, for LLM requests.
@@ -240,10 +241,23 @@ static X_MODELGATE_DROPPED: http::HeaderName = http::HeaderName::from_static("x-
 static X_MODELGATE_UPSTREAM_REQUEST_ID: http::HeaderName =
     http::HeaderName::from_static("x-modelgate-upstream-request-id");
 
+/// A small count as a header value: from a table up to 9, as `From<u32>` allocates twice.
+fn count_value(n: u32) -> HeaderValue {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match DIGITS.get(n as usize) {
+        Some(d) => HeaderValue::from_static(d),
+        None => HeaderValue::from(n),
+    }
+}
+
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
         if !v.is_empty() && v.len() <= 128 {
-            return v.clone();
+            // Copied: a clone would share hyper's read buffer, and the request's record keeps
+            // the id until its access line is written.
+            if let Ok(copy) = HeaderValue::from_bytes(v.as_bytes()) {
+                return copy;
+            }
         }
     }
     // `req_` and 24 hex digits, written by hand: this runs on every request.
@@ -280,7 +294,8 @@ pub async fn handle(
         upstream: None,
         series: None,
         attempts: 0,
-        tries: String::new(),
+        // Room for two attempts' `upstream 200 12ms` before it grows.
+        tries: String::with_capacity(64),
         extra_headers: Vec::new(),
         client_model: None,
         key_name: None,
@@ -337,10 +352,7 @@ pub async fn handle(
         .and_then(|u| HeaderValue::try_from(u).ok())
     {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
-        headers.insert(
-            X_MODELGATE_ATTEMPTS.clone(),
-            HeaderValue::from(ctx.attempts),
-        );
+        headers.insert(X_MODELGATE_ATTEMPTS.clone(), count_value(ctx.attempts));
     }
     // An upstream's own request id (OpenAI's comes as `x-request-id`) stays readable beside ours.
     if let Some(theirs) = headers
@@ -357,9 +369,10 @@ pub async fn handle(
         address: address.name(),
         method,
         path,
-        key: ctx.key.map(|k| k.name.clone()).or(ctx.key_name),
+        principal: ctx.key,
+        key_name: ctx.key_name,
         model: ctx.client_model,
-        model_entry: ctx.model.map(|m| m.name.clone()),
+        model_entry: ctx.model,
         upstream: ctx.upstream,
         series: ctx.series,
         protocol: ctx.protocol,
@@ -472,7 +485,7 @@ async fn video(
     let result = rt.video.handle(&gw.services, &rt.models, ep, call).await;
     // Errors included: a refused create still names the model it asked for, and a failure
     // after the upstream was reached is the upstream's (outcome `upstream_error`).
-    ctx.client_model = seen.model.into_inner();
+    ctx.client_model = seen.model.into_inner().map(Arc::from);
     ctx.key_name = seen.key.into_inner();
     ctx.model = seen.entry.into_inner();
     ctx.upstream = seen.upstream.into_inner();
@@ -636,7 +649,7 @@ async fn count_tokens(
     let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
     let obj = crate::validate::request_object(&bytes)?;
     let client_model = validate::model_name(&obj)?.into_owned();
-    ctx.client_model = Some(client_model.clone());
+    ctx.client_model = Some(Arc::from(client_model.as_str()));
     principal.check_model(&client_model, address)?;
     let model = rt.models.resolve(&client_model, address)?.clone();
     ctx.model = Some(model.clone());
@@ -736,7 +749,7 @@ async fn llm(
     ctx.key = Some(principal.clone());
     let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
     let obj = crate::validate::request_object(&bytes)?;
-    let client_model = validate::model_name(&obj)?.into_owned();
+    let client_model: Arc<str> = Arc::from(validate::model_name(&obj)?.as_ref());
     ctx.client_model = Some(client_model.clone());
     principal.check_model(&client_model, address)?;
     let model = rt.models.resolve(&client_model, address)?.clone();
@@ -770,11 +783,11 @@ async fn llm(
         plan.echo_previous = p.previous.clone();
         plan.pinned = p.pinned.clone();
     }
-    let mut chain = vec![(model.clone(), client_model.clone())];
+    let mut chain: Chain = smallvec::smallvec![(model.clone(), client_model.clone())];
     for name in &model.fallbacks {
         match rt.models.resolve(name, address) {
             Ok(f) if f.primary().protocol().is_some() && !f.primary().upstream.kind.is_video() => {
-                chain.push((f.clone(), name.clone()))
+                chain.push((f.clone(), Arc::from(name.as_str())))
             }
             _ => {
                 tracing::warn!(model = %model.name, fallback = %name, "fallback not served on this address; skipped")
@@ -1159,7 +1172,7 @@ fn wrap_response(
         StreamGuard::None
     };
     let stream = body::is_event_stream(&parts.headers);
-    parts.headers = upstream::response_headers(&parts.headers);
+    upstream::keep_response_headers(&mut parts.headers);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
     let body: Body = if stream {
         parts
@@ -1180,8 +1193,10 @@ async fn translated_response(
     t: &Translation,
     fate: &Fate,
 ) -> Result<Response<Body>, GatewayError> {
-    let (parts, inner) = resp.into_parts();
-    let mut headers = upstream::response_headers(&parts.headers);
+    let (mut parts, inner) = resp.into_parts();
+    let stream = parts.status.is_success() && body::is_event_stream(&parts.headers);
+    let mut headers = std::mem::take(&mut parts.headers);
+    upstream::keep_response_headers(&mut headers);
     headers.remove(header::CONTENT_TYPE);
     headers.remove(header::CONTENT_ENCODING);
     if !t.dropped.is_empty() {
@@ -1195,7 +1210,7 @@ async fn translated_response(
     // Send analysis of this future (rust-lang/rust#110338).
     let upstream_body =
         UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone());
-    if parts.status.is_success() && body::is_event_stream(&parts.headers) {
+    if stream {
         let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
         let mut resp = Response::new(BodyExt::boxed(translated));
@@ -1256,7 +1271,8 @@ pub(crate) async fn read_body(
         }
         return Err(too_large());
     }
-    let mut chunks: Vec<Bytes> = Vec::new();
+    // A body that came in one frame is that frame, with no list allocated.
+    let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
     let mut total: u64 = 0;
     // The clock is read, and a timer set, only once the body has to be waited for: a small
     // body mostly came with the head, and its frames are ready when first asked for.
@@ -1412,4 +1428,17 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    #[test]
+    fn count_values_read_as_the_counts_they_stand_for() {
+        for n in [0, 1, 2, 9, 10, 11, 99, 1000, u32::MAX] {
+            assert_eq!(count_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
 }

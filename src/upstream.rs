@@ -567,8 +567,32 @@ fn request(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Request
     req
 }
 
-/// Response headers from an upstream that may go on to the client (gateway.md §14).
-pub fn response_headers(from: &HeaderMap) -> HeaderMap {
+/// Keeps of an upstream's response headers only those that may go on to the client
+/// (gateway.md §14), in the map they came in: a new map would be two allocations per request.
+pub fn keep_response_headers(headers: &mut HeaderMap) {
+    let mut kept: [Option<HeaderValue>; TO_CLIENT.len()] = Default::default();
+    for (slot, name) in kept.iter_mut().zip(TO_CLIENT) {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => {}
+            (Some(v), None) => *slot = Some(v.clone()),
+            // A repeated header keeps all its values, in their order.
+            (Some(_), Some(_)) => {
+                *headers = response_headers(headers);
+                return;
+            }
+        }
+    }
+    headers.clear();
+    for (value, name) in kept.into_iter().zip(TO_CLIENT) {
+        if let Some(value) = value {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+/// Response headers from an upstream that may go on to the client, in a map of their own.
+fn response_headers(from: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in from {
         if TO_CLIENT.contains(&name.as_str()) {
@@ -672,6 +696,58 @@ pub fn check_answer(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
     use super::*;
+
+    /// The in-place filter keeps what a new map of the allowed headers would hold: each name
+    /// with all its values in order (the order between names is not HTTP's business).
+    #[test]
+    fn response_headers_are_kept_in_place_as_a_new_map_would_hold_them() {
+        let by_name = |m: &HeaderMap| {
+            let mut names: Vec<(String, Vec<Vec<u8>>)> = m
+                .keys()
+                .map(|n| {
+                    let values = m.get_all(n).iter().map(|v| v.as_bytes().to_vec());
+                    (n.as_str().to_owned(), values.collect())
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        let cases: &[&[(&str, &str)]] = &[
+            &[],
+            &[("date", "x"), ("server", "y"), ("content-length", "5")],
+            &[("content-type", "application/json"), ("date", "x")],
+            &[
+                ("x-request-id", "up-1"),
+                ("connection", "keep-alive"),
+                ("content-type", "text/event-stream"),
+                ("retry-after", "3"),
+                ("request-id", "r"),
+                ("content-encoding", "gzip"),
+                ("set-cookie", "a=b"),
+            ],
+            // Repeated: every value, in order.
+            &[
+                ("content-encoding", "gzip"),
+                ("x-a", "1"),
+                ("content-encoding", "br"),
+                ("content-type", "a/b"),
+            ],
+            &[("retry-after", "1"), ("retry-after", "2")],
+        ];
+        for case in cases {
+            let mut map = HeaderMap::new();
+            for (n, v) in *case {
+                map.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+            }
+            let want = response_headers(&map);
+            keep_response_headers(&mut map);
+            assert_eq!(by_name(&map), by_name(&want), "{case:?}");
+            assert!(
+                map.keys().all(|n| TO_CLIENT.contains(&n.as_str())),
+                "{case:?}"
+            );
+        }
+    }
 
     fn upstream(kind: &str, extra: &str) -> Arc<Upstream> {
         let text = format!(

@@ -41,12 +41,12 @@ base_url = "http://127.0.0.1:3/v1"
     Config::parse(&text, Path::new("."), &|_| None).unwrap()
 }
 
-fn chain(cfg: &Config, names: &[&str]) -> Vec<(Arc<Model>, String)> {
+fn chain(cfg: &Config, names: &[&str]) -> Chain {
     names
         .iter()
         .map(|n| {
             let m = cfg.models.iter().find(|m| m.name == *n).unwrap().clone();
-            (m, n.to_string())
+            (m, Arc::from(*n))
         })
         .collect()
 }
@@ -82,7 +82,7 @@ upstream = "c"
         "each target of the model once: {first:?}"
     );
     let third = sel.next(&rt).unwrap();
-    assert_eq!((upstream_of(&third), third.name.as_str()), ("c", "f"));
+    assert_eq!((upstream_of(&third), &*third.name), ("c", "f"));
     // The fallback is the last model: it is retried.
     assert_eq!(upstream_of(&sel.next(&rt).unwrap()), "c");
     // Excluded for good, nothing is left.

@@ -9,6 +9,8 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
+use smallvec::SmallVec;
+
 use super::{RawObject, LINEAR_KEYS, MAX_DEPTH};
 
 /// The body's top-level object, when the body is one the pass is sure of; what it finds is
@@ -35,6 +37,9 @@ pub fn object_in(text: &str) -> Option<RawObject<'_>> {
 type Span = (usize, usize);
 
 type Members<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
+/// The keys of every open object, innermost last.
+type Keys<'a> = SmallVec<[&'a [u8]; 32]>;
 
 enum Frame<'a> {
     Object {
@@ -87,8 +92,9 @@ impl<'a> Scan<'a> {
     /// The top-level object's members, then nothing but space.
     fn document(&mut self) -> Option<Members<'a>> {
         let mut members: Members<'a> = Vec::with_capacity(16);
-        let mut stack: Vec<Frame<'a>> = Vec::with_capacity(8);
-        let mut keys: Vec<&'a [u8]> = Vec::with_capacity(32);
+        // On the stack for usual bodies; deeper or wider ones spill to the heap.
+        let mut stack: SmallVec<[Frame<'a>; 8]> = SmallVec::new();
+        let mut keys: Keys<'a> = SmallVec::new();
         // The top-level member whose value is being read.
         let mut key: Span = (0, 0);
         let mut start = 0;
@@ -175,7 +181,7 @@ impl<'a> Scan<'a> {
 
     /// A key, its colon and the space up to its value; `None` for a key with an escape or one
     /// the innermost object already has.
-    fn key(&mut self, stack: &mut [Frame<'a>], keys: &mut Vec<&'a [u8]>) -> Option<Span> {
+    fn key(&mut self, stack: &mut [Frame<'a>], keys: &mut Keys<'a>) -> Option<Span> {
         if self.peek() != Some(b'"') {
             return None;
         }

@@ -3,6 +3,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
+use smallvec::SmallVec;
 
 /// The largest response head accepted, as hyper's default read limit allows.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -136,7 +137,8 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, E
     };
     // Offsets, so the values can be cut from the head once it is frozen.
     let base = buf.as_ptr() as usize;
-    let mut spans: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(resp.headers.len());
+    // On the stack for a usual head.
+    let mut spans: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Head("bad header name"))?;
@@ -144,7 +146,10 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, E
         spans.push((name, start, start + h.value.len()));
     }
     let raw = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // Room for the headers the gateway adds to an answer it passes on (`x-request-id`,
+    // `x-modelgate-upstream`, `x-modelgate-attempts`, the upstream's request id): the map is
+    // kept for the client's response, and growing it then would allocate twice more.
+    let mut headers = HeaderMap::with_capacity(spans.len() + 4);
     for (name, start, end) in spans {
         let value = HeaderValue::from_maybe_shared(raw.slice(start..end))
             .map_err(|_| Error::Head("bad header value"))?;
