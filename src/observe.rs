@@ -428,6 +428,7 @@ impl Record {
         }
     }
 
+    /// The config entry's name, as the metrics' label (empty without one).
     fn model_label(&self) -> String {
         self.model_entry
             .as_ref()

@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 
 use crate::attempt::{Chain, Selector};
 use crate::auth::{KeyMemo, Principal};
@@ -34,7 +35,6 @@ use crate::translate::{self, Translation};
 use crate::upstream;
 use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
 use crate::{inplace, mock, stateful, validate};
-use smallvec::SmallVec;
 
 /// Everything a request needs, built once from the config and shared by all connections.
 pub struct Gateway {

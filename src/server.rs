@@ -463,8 +463,7 @@ impl Activity {
     }
 }
 
-/// Keeps a request counted until its response body is dropped.
-/// A request of a connection, counted from its head until its response body is dropped.
+/// Keeps a request of a connection counted until its response body is dropped.
 pub struct RequestGuard(Arc<Activity>);
 
 impl Drop for RequestGuard {

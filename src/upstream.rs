@@ -9,12 +9,12 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
-use smallvec::SmallVec;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use smallvec::SmallVec;
 
 use crate::coalesce::Coalesce;
 use crate::config::{Limits, Protocol, Upstream, UpstreamKind};
