@@ -77,7 +77,7 @@ impl Runtime {
                     .iter()
                     .map(|t| {
                         let key = TargetKey {
-                            upstream: t.upstream.name.clone(),
+                            upstream: t.upstream.name.to_string(),
                             upstream_model: t.upstream_model.clone(),
                         };
                         let state = old

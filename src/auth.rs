@@ -91,7 +91,7 @@ impl KeyMemo {
         // A poisoned lock only loses the memo: the digest is made again.
         if let Ok(last) = self.0.lock() {
             if let Some(r) = last.as_ref() {
-                if bool::from(r.key.ct_eq(key)) {
+                if same_key(&r.key, key) {
                     return r.digest;
                 }
             }
@@ -173,6 +173,27 @@ impl KeyStore {
     }
 }
 
+/// True when `a` and `b` are the same bytes, in a time that depends only on their lengths:
+/// compared eight bytes at a time by `subtle`, since its byte-by-byte comparison of a slice
+/// was 0.8% of a JSON request's instructions.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    fn word(bytes: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        let n = bytes.len().min(8);
+        w[..n].copy_from_slice(&bytes[..n]);
+        u64::from_le_bytes(w)
+    }
+    let (a_words, b_words) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut same = word(a_words.remainder()).ct_eq(&word(b_words.remainder()));
+    for (x, y) in a_words.zip(b_words) {
+        same &= word(x).ct_eq(&word(y));
+    }
+    bool::from(same)
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, rest) = value.split_once(' ')?;
@@ -215,6 +236,24 @@ mod tests {
             .authenticate(&headers(secret), Address::Base, false, seen)
             .ok()
             .map(|p| p.name.clone())
+    }
+
+    /// Every length around the word size, and a difference in every position.
+    #[test]
+    fn keys_compare_as_their_bytes() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..base.len() {
+            let a = &base[..len];
+            assert!(same_key(a, a), "{len}");
+            assert!(!same_key(a, &base[..len + 1]), "{len}");
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x80;
+                assert!(!same_key(a, &b), "{len} {at}");
+                b[at] ^= 0x81;
+                assert!(!same_key(a, &b), "{len} {at}");
+            }
+        }
     }
 
     /// The memo never answers for another key than the one it remembers, nor lets a key the

@@ -128,7 +128,7 @@ impl BaseUrl {
 
 #[derive(Debug)]
 pub struct Upstream {
-    pub name: String,
+    pub name: Arc<str>,
     pub kind: UpstreamKind,
     pub base_url: Option<BaseUrl>,
     pub credential: Option<Secret>,
@@ -581,7 +581,7 @@ impl Config {
                 };
                 rows.push([
                     m.name.clone(),
-                    t.upstream.name.clone(),
+                    t.upstream.name.to_string(),
                     kind,
                     t.upstream_model.clone().unwrap_or_else(|| "(same)".into()),
                     if m.targets.len() > 1 {

@@ -251,9 +251,9 @@ fn read_usage(protocol: Protocol, u: &Value, usage: &mut ir::Usage) {
     }
 }
 
-/// Where the upstream side publishes the usage it read, for the record the client side writes.
+/// The usage an upstream reported, published by the upstream side for the record.
 #[derive(Debug, Default)]
-pub struct TokenCell {
+struct TokenCell {
     input: AtomicU64,
     output: AtomicU64,
     cached: AtomicU64,
@@ -266,7 +266,7 @@ impl TokenCell {
         self.cached.store(t.cached, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> Tokens {
+    fn get(&self) -> Tokens {
         Tokens {
             input: self.input.load(Ordering::Relaxed),
             output: self.output.load(Ordering::Relaxed),
@@ -275,46 +275,60 @@ impl TokenCell {
     }
 }
 
+/// A reply's usage, read from its body as it passes: at the body's end (or when it is dropped:
+/// a client that leaves still pays for what the upstream reported) the usage goes to the
+/// record and, for a key with token limits, to its meter.
+pub struct Usage {
+    reader: UsageReader,
+    fate: Fate,
+    meter: Option<Meter>,
+    done: bool,
+}
+
+impl Usage {
+    pub fn new(reader: UsageReader, fate: Fate, meter: Option<Meter>) -> Self {
+        Self {
+            reader,
+            fate,
+            meter,
+            done: false,
+        }
+    }
+
+    fn settle(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let tokens = self.reader.finish();
+        self.fate.0.tokens.set(tokens);
+        if let Some(meter) = self.meter.take() {
+            meter.charge(tokens.total());
+        }
+    }
+}
+
 pin_project! {
-    /// An upstream body passed on untouched while its usage is read. At its end (or when it
-    /// is dropped: a client that leaves still pays for what the upstream reported) the usage
-    /// goes to the record and, for a key with token limits, to its meter.
+    /// A body passed on untouched, its usage read when there is a [`Usage`] to read it into.
+    /// A layer of the upstream body rather than a box of its own, so a reply not read for
+    /// usage (an error) passes through it at the cost of one check per frame.
     pub struct Metered<B> {
         #[pin]
         inner: B,
-        reader: UsageReader,
-        cell: Arc<TokenCell>,
-        meter: Option<Meter>,
-        done: bool,
+        usage: Option<Usage>,
     }
 
     impl<B> PinnedDrop for Metered<B> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if !*this.done {
-                settle(this.reader, this.cell, this.meter);
+            if let Some(usage) = this.project().usage.as_mut() {
+                usage.settle();
             }
         }
     }
 }
 
-fn settle(reader: &mut UsageReader, cell: &TokenCell, meter: &mut Option<Meter>) {
-    let tokens = reader.finish();
-    cell.set(tokens);
-    if let Some(meter) = meter.take() {
-        meter.charge(tokens.total());
-    }
-}
-
 impl<B> Metered<B> {
-    pub fn new(inner: B, reader: UsageReader, cell: Arc<TokenCell>, meter: Option<Meter>) -> Self {
-        Self {
-            inner,
-            reader,
-            cell,
-            meter,
-            done: false,
-        }
+    pub fn new(inner: B, usage: Option<Usage>) -> Self {
+        Self { inner, usage }
     }
 }
 
@@ -331,22 +345,21 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
+        let Some(usage) = this.usage.as_mut() else {
+            return polled;
+        };
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.reader.feed(data);
+                    usage.reader.feed(data);
                 }
                 // The last frame of a body that knows its length: the reader is done now, and
                 // the record may be written before another poll comes.
-                if !*this.done && this.inner.is_end_stream() {
-                    *this.done = true;
-                    settle(this.reader, this.cell, this.meter);
+                if this.inner.is_end_stream() {
+                    usage.settle();
                 }
             }
-            Poll::Ready(None) if !*this.done => {
-                *this.done = true;
-                settle(this.reader, this.cell, this.meter);
-            }
+            Poll::Ready(None) => usage.settle(),
             _ => {}
         }
         polled
@@ -361,16 +374,24 @@ where
     }
 }
 
-/// How a response failed after its head, told by the body that saw it.
+/// What became of a response after its head, told by the bodies that saw it: how it failed,
+/// if it did, and the usage its upstream reported. One shared cell for both, so a request
+/// allocates it once.
 #[derive(Debug, Clone, Default)]
-pub struct Fate(Arc<AtomicU8>);
+pub struct Fate(Arc<FateCell>);
+
+#[derive(Debug, Default)]
+struct FateCell {
+    failure: AtomicU8,
+    tokens: TokenCell,
+}
 
 impl Fate {
     const UPSTREAM_ERROR: u8 = 1;
     const TIMEOUT: u8 = 2;
 
     pub fn upstream_error(&self) {
-        let _ = self.0.compare_exchange(
+        let _ = self.0.failure.compare_exchange(
             0,
             Self::UPSTREAM_ERROR,
             Ordering::Relaxed,
@@ -379,13 +400,19 @@ impl Fate {
     }
 
     pub fn timeout(&self) {
-        let _ = self
-            .0
-            .compare_exchange(0, Self::TIMEOUT, Ordering::Relaxed, Ordering::Relaxed);
+        let _ =
+            self.0
+                .failure
+                .compare_exchange(0, Self::TIMEOUT, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     fn get(&self) -> u8 {
-        self.0.load(Ordering::Relaxed)
+        self.0.failure.load(Ordering::Relaxed)
+    }
+
+    /// The usage the upstream reported, zero until its reply was read.
+    pub fn tokens(&self) -> Tokens {
+        self.0.tokens.get()
     }
 }
 
@@ -406,7 +433,7 @@ pub struct Record {
     pub model: Option<Arc<str>>,
     /// The config entry that served it: the metrics' label, never a client's string.
     pub model_entry: Option<Arc<crate::config::Model>>,
-    pub upstream: Option<String>,
+    pub upstream: Option<Arc<str>>,
     /// The series of `model_entry` served by `upstream`, when an upstream was tried.
     pub series: Option<Arc<RouteSeries>>,
     /// The client's protocol, for LLM requests.
@@ -415,7 +442,7 @@ pub struct Record {
     pub tries: String,
     pub status: u16,
     pub started: Instant,
-    pub tokens: Arc<TokenCell>,
+    /// How the response ended and what it used.
     pub fate: Fate,
 }
 
@@ -494,7 +521,7 @@ impl Finisher {
     ) {
         let (r, m) = (&self.record, &self.metrics);
         let model = r.model_label();
-        let upstream = r.upstream.clone().unwrap_or_default();
+        let upstream = r.upstream.as_deref().unwrap_or_default().to_owned();
         let protocol = r.protocol.to_owned();
         m.requests
             .get_or_create(&RequestLabels {
@@ -534,7 +561,7 @@ impl Finisher {
                         .inter_chunk
                         .get_or_create(&ChunkLabels {
                             model: r.model_label(),
-                            upstream: r.upstream.clone().unwrap_or_default(),
+                            upstream: r.upstream.as_deref().unwrap_or_default().to_owned(),
                         })
                         .clone(),
                 });
@@ -552,7 +579,7 @@ impl Finisher {
         let ttfb = self
             .first_byte
             .map(|t| t.saturating_duration_since(r.started));
-        let tokens = r.tokens.get();
+        let tokens = r.fate.tokens();
         let m = &self.metrics;
         m.in_flight.dec();
         if self.stream {

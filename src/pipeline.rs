@@ -27,7 +27,7 @@ use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::limits::Hold;
 use crate::metrics::{Metrics, RouteSeries};
-use crate::observe::{Fate, Holds, Metered, Observed, Record, TokenCell, UsageReader};
+use crate::observe::{Fate, Holds, Metered, Observed, Record, Usage, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -87,7 +87,7 @@ struct Ctx<'a> {
     key: Option<Arc<Principal>>,
     model: Option<Arc<Model>>,
     /// The upstream tried last.
-    upstream: Option<String>,
+    upstream: Option<Arc<str>>,
     /// The metrics series of `model` served by `upstream`.
     series: Option<Arc<RouteSeries>>,
     /// Requests sent upstream.
@@ -104,9 +104,7 @@ struct Ctx<'a> {
     protocol: &'static str,
     /// What the answer holds until its body is dropped.
     holds: Holds,
-    /// Usage read from the upstream's reply.
-    tokens: Arc<TokenCell>,
-    /// Set by the response body when it fails after its head.
+    /// Set by the response body: how it failed after its head, if it did, and its usage.
     fate: Fate,
 }
 
@@ -128,7 +126,7 @@ impl Ctx<'_> {
             Tried::Failed(_) => "error",
         };
         upstream.attempts.count(metrics, &upstream.name, result);
-        let upstream = upstream.name.as_str();
+        let upstream = &*upstream.name;
         // `upstream 200 12ms`, appended without the formatting machinery: every request has one.
         let mut n = itoa::Buffer::new();
         if !self.tries.is_empty() {
@@ -278,7 +276,7 @@ pub async fn handle(
     req: Request<Incoming>,
     keys_seen: &KeyMemo,
     request: crate::server::RequestGuard,
-) -> Response<Body> {
+) -> Response<Observed<Body>> {
     let started = Instant::now();
     // The head stays here and the layers below borrow it: an `async fn` keeps a by-value
     // argument twice in its future (as the argument and as the local it moves to), so handing
@@ -300,7 +298,6 @@ pub async fn handle(
         client_model: None,
         key_name: None,
         protocol: "",
-        tokens: Arc::default(),
         fate: Fate::default(),
         holds: Holds {
             request: Some(request),
@@ -380,11 +377,12 @@ pub async fn handle(
         tries: ctx.tries,
         status: resp.status().as_u16(),
         started,
-        tokens: ctx.tokens,
         fate: ctx.fate,
     };
     let metrics = gw.services.metrics.clone();
-    resp.map(|b| BodyExt::boxed(Observed::new(b, record, metrics, stream, ctx.holds)))
+    // Not boxed again: hyper keeps the client's body by its type, so the outermost layer
+    // costs no allocation and no dynamic call per frame.
+    resp.map(|b| Observed::new(b, record, metrics, stream, ctx.holds))
 }
 
 async fn dispatch(
@@ -488,7 +486,7 @@ async fn video(
     ctx.client_model = seen.model.into_inner().map(Arc::from);
     ctx.key_name = seen.key.into_inner();
     ctx.model = seen.entry.into_inner();
-    ctx.upstream = seen.upstream.into_inner();
+    ctx.upstream = seen.upstream.into_inner().map(Arc::from);
     ctx.attempts = u32::from(seen.reached.into_inner());
     result
 }
@@ -584,7 +582,7 @@ async fn stored_response(
         .all()
         .iter()
         .flat_map(|m| m.targets.iter())
-        .find(|t| t.upstream.name == upstream_name)
+        .find(|t| *t.upstream.name == *upstream_name)
         .map(|t| t.upstream.clone())
         .ok_or_else(|| {
             tracing::warn!(upstream = %upstream_name, "a stored response's upstream is no longer configured");
@@ -607,7 +605,7 @@ async fn stored_response(
     let uri: http::Uri = uri.parse().map_err(|_| stateful::not_found(&id))?;
     let call = upstream::build_call(&upstream, method.clone(), uri, &ctx.request_id, None, true);
     ctx.attempts = 1;
-    ctx.upstream = Some(upstream_name.clone());
+    ctx.upstream = Some(Arc::from(upstream_name.as_str()));
     let started = Instant::now();
     let resp = gw.services.client.send(&upstream, call).await;
     ctx.log_attempt(
@@ -628,6 +626,7 @@ async fn stored_response(
         gw.services.limits,
         StreamGuard::None,
         &ctx.fate,
+        None,
     ))
 }
 
@@ -709,6 +708,7 @@ async fn count_tokens(
             gw.services.limits,
             StreamGuard::None,
             &ctx.fate,
+            None,
         ));
     }
     // Off the async workers: a long prompt is milliseconds of CPU, and the first count loads
@@ -797,7 +797,7 @@ async fn llm(
     if let Some(pinned) = &plan.pinned {
         let reachable = chain
             .iter()
-            .any(|(m, _)| m.targets.iter().any(|t| t.upstream.name == *pinned));
+            .any(|(m, _)| m.targets.iter().any(|t| *t.upstream.name == **pinned));
         if !reachable {
             return Err(GatewayError::invalid(
                 "previous_response_id",
@@ -821,7 +821,7 @@ async fn llm(
     let resp = match (&prepared, plan.served) {
         (Some(p), Some((served_protocol, upstream_keeps))) => {
             let served = match (&ctx.upstream, served_protocol, upstream_keeps) {
-                (Some(up), Protocol::Responses, true) => stateful::Served::Upstream(up.clone()),
+                (Some(up), Protocol::Responses, true) => stateful::Served::Upstream(up.to_string()),
                 _ => stateful::Served::Kept,
             };
             inplace::boxed(|| {
@@ -880,7 +880,7 @@ async fn attempts(
         if plan
             .pinned
             .as_deref()
-            .is_some_and(|p| p != target.upstream.name)
+            .is_some_and(|p| *p != *target.upstream.name)
         {
             // Another upstream does not know the conversation this request continues.
             selector.exclude(&pick);
@@ -962,21 +962,16 @@ async fn attempts(
                             Tried::Status(status),
                             started.elapsed(),
                         );
-                        let resp = match hold.meter.take() {
-                            meter if ok => {
-                                let reader = UsageReader::new(
-                                    encoded.protocol,
-                                    body::is_event_stream(resp.headers()),
-                                );
-                                let cell = ctx.tokens.clone();
-                                resp.map(|b| BodyExt::boxed(Metered::new(b, reader, cell, meter)))
-                            }
-                            _ => resp,
-                        };
+                        let meter = hold.meter.take();
+                        let usage = ok.then(|| {
+                            let stream = body::is_event_stream(resp.headers());
+                            let reader = UsageReader::new(encoded.protocol, stream);
+                            Usage::new(reader, ctx.fate.clone(), meter)
+                        });
                         plan.served =
                             Some((encoded.protocol, target.upstream.kind != UpstreamKind::Mock));
-                        let resp =
-                            respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
+                        let limits = gw.services.limits;
+                        let resp = respond(resp, limits, encoded.reply, &ctx.fate, usage).await?;
                         // The target counts this attempt in flight until its body is dropped.
                         ctx.holds.in_flight = Some(inflight);
                         return Ok(resp);
@@ -1006,7 +1001,8 @@ async fn attempts(
     match last {
         Some(Failed::Transport(e)) => Err(e),
         Some(Failed::Status(resp, encoded)) => {
-            let mut resp = respond(resp, gw.services.limits, encoded.reply, &ctx.fate).await?;
+            let limits = gw.services.limits;
+            let mut resp = respond(resp, limits, encoded.reply, &ctx.fate, None).await?;
             if let Some(after) = smallest_retry_after.filter(|_| resp.status().as_u16() == 429) {
                 let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
                 resp.headers_mut()
@@ -1084,17 +1080,18 @@ async fn respond(
     limits: Limits,
     reply: Reply,
     fate: &Fate,
+    usage: Option<Usage>,
 ) -> Result<Response<Body>, GatewayError> {
     match reply {
         Reply::Passthrough { guard, strip_usage } => {
-            let resp = wrap_response(resp, limits, guard, fate);
+            let resp = wrap_response(resp, limits, guard, fate, usage);
             Ok(if strip_usage && body::is_event_stream(resp.headers()) {
                 resp.map(|b| BodyExt::boxed(body::StripUsage::new(b)))
             } else {
                 resp
             })
         }
-        Reply::Translated(t) => translated_response(resp, limits, &t, fate).await,
+        Reply::Translated(t) => translated_response(resp, limits, &t, fate, usage).await,
     }
 }
 
@@ -1163,6 +1160,7 @@ fn wrap_response(
     limits: Limits,
     guard: StreamGuard,
     fate: &Fate,
+    usage: Option<Usage>,
 ) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     // Only a successful event stream is ours to police; an error body passes through as sent.
@@ -1173,6 +1171,7 @@ fn wrap_response(
     };
     let stream = body::is_event_stream(&parts.headers);
     upstream::keep_response_headers(&mut parts.headers);
+    let inner = Metered::new(inner, usage);
     let body = UpstreamBody::new(inner, limits.idle_timeout, guard).with_fate(fate.clone());
     let body: Body = if stream {
         parts
@@ -1192,6 +1191,7 @@ async fn translated_response(
     limits: Limits,
     t: &Translation,
     fate: &Fate,
+    usage: Option<Usage>,
 ) -> Result<Response<Body>, GatewayError> {
     let (mut parts, inner) = resp.into_parts();
     let stream = parts.status.is_success() && body::is_event_stream(&parts.headers);
@@ -1208,6 +1208,7 @@ async fn translated_response(
     }
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338).
+    let inner = Metered::new(inner, usage);
     let upstream_body =
         UpstreamBody::new(inner, limits.idle_timeout, StreamGuard::None).with_fate(fate.clone());
     if stream {

@@ -172,7 +172,7 @@ impl UpstreamClient {
         headers: Headers<'_>,
         body: Bytes,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
-        let name = upstream.name.as_str();
+        let name = &*upstream.name;
         let plain = uri.scheme() == Some(&http::uri::Scheme::HTTP);
         // One future for both ways, so the request's future is sized for the larger, not both;
         // pinned where it is made, so that it is not moved again into the timeout's.

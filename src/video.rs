@@ -92,7 +92,7 @@ impl VideoService {
             .upstreams
             .iter()
             .filter(|u| u.kind.is_video() || u.kind == UpstreamKind::Mock)
-            .map(|u| (u.name.clone(), u.clone()))
+            .map(|u| (u.name.to_string(), u.clone()))
             .collect();
         for u in config.upstreams.iter() {
             if let Some(auth) = &u.google {
@@ -219,7 +219,7 @@ impl VideoService {
         };
         let task = TaskToken {
             created_ms: now_ms(),
-            upstream: upstream.name.clone(),
+            upstream: upstream.name.to_string(),
             model: upstream_model,
             client_model: Some(client_model),
             reference,
@@ -488,7 +488,7 @@ pub struct Seen {
 
 impl Seen {
     fn route(&self, upstream: &Upstream) {
-        let _ = self.upstream.set(upstream.name.clone());
+        let _ = self.upstream.set(upstream.name.to_string());
     }
 
     fn reach(&self, upstream: &Upstream) {

@@ -331,7 +331,7 @@ upstream = "b"
     assert_eq!(m.strategy, Strategy::Latency);
     assert_eq!(m.targets.len(), 2);
     assert_eq!(
-        (m.targets[0].upstream.name.as_str(), m.targets[0].weight),
+        (m.targets[0].upstream.name.as_ref(), m.targets[0].weight),
         ("a", 3)
     );
     assert_eq!(m.targets[0].upstream_model.as_deref(), Some("a-1"));

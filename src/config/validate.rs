@@ -862,7 +862,7 @@ fn validate_upstreams(
             }
         }
         out.push(Arc::new(Upstream {
-            name: u.name,
+            name: Arc::from(u.name),
             kind,
             base_url,
             credential,
@@ -1046,7 +1046,7 @@ fn validate_targets(
     errors: &mut Errors,
 ) -> Vec<Target> {
     let find = |name: &str, at: String, errors: &mut Errors| {
-        let u = upstreams.iter().find(|u| u.name == name).cloned();
+        let u = upstreams.iter().find(|u| &*u.name == name).cloned();
         if u.is_none() {
             errors.push(at, format!("no upstream named {name:?}"));
         }

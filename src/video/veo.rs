@@ -339,7 +339,7 @@ fn locate(upstream: &Upstream, model: &str, operation: &str, video: &Value) -> O
         // The bytes themselves were left out while reading; the key says they were there.
         if video.get("bytesBase64Encoded").is_some() || video.get("encodedVideo").is_some() {
             return Some(Video::Gateway(FileSource::Inline {
-                upstream: upstream.name.clone(),
+                upstream: upstream.name.to_string(),
                 model: model.to_owned(),
                 reference: operation.to_owned(),
                 mime: mime.to_owned(),
@@ -351,7 +351,7 @@ fn locate(upstream: &Upstream, model: &str, operation: &str, video: &Value) -> O
         let (bucket, object) = path.split_once('/')?;
         return (!bucket.is_empty() && !object.is_empty()).then(|| {
             Video::Gateway(FileSource::Gcs {
-                upstream: upstream.name.clone(),
+                upstream: upstream.name.to_string(),
                 bucket: bucket.to_owned(),
                 object: object.to_owned(),
             })
@@ -361,7 +361,7 @@ fn locate(upstream: &Upstream, model: &str, operation: &str, video: &Value) -> O
     Some(match upstream.kind {
         // A Gemini file URI needs the API key, which must never reach the client (§E.3).
         UpstreamKind::VeoGemini => Video::Gateway(FileSource::Remote {
-            upstream: upstream.name.clone(),
+            upstream: upstream.name.to_string(),
             uri: uri.to_owned(),
         }),
         _ => Video::Public(uri.to_owned()),

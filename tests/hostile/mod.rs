@@ -1309,7 +1309,7 @@ fn passthrough_chain(
     each: impl FnMut(&[u8]),
 ) -> Drained {
     use modelgate::body::{Prepend, StripUsage, UpstreamBody};
-    use modelgate::observe::{Metered, TokenCell, UsageReader};
+    use modelgate::observe::{Fate, Metered, Usage, UsageReader};
     type Boxed = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
     let _rt = runtime().enter();
     let mut frames: std::collections::VecDeque<Bytes> = frames.iter().cloned().collect();
@@ -1333,12 +1333,8 @@ fn passthrough_chain(
         StreamGuard::Responses => Protocol::Responses,
         _ => Protocol::Chat,
     };
-    let metered = Metered::new(
-        inner,
-        UsageReader::new(protocol, true),
-        Arc::new(TokenCell::default()),
-        None,
-    );
+    let usage = Usage::new(UsageReader::new(protocol, true), Fate::default(), None);
+    let metered = Metered::new(inner, Some(usage));
     let guarded = UpstreamBody::new(metered, std::time::Duration::from_secs(60), case.guard)
         .with_event_limit(case.max_event);
     if strip {
@@ -1510,7 +1506,7 @@ pub fn run_passthrough_stream(case: &StreamCase) {
 /// when the running total passes the limit, or by the transport's break.
 pub fn run_json_reply(input: &[u8], cuts: &[u8], max_reply: u64, broken: bool, error_reply: bool) {
     use modelgate::body::{Redacted, UpstreamBody};
-    use modelgate::observe::{Metered, TokenCell, UsageReader};
+    use modelgate::observe::{Fate, Metered, Usage, UsageReader};
     const SECRET: &[u8] = b"sk-upstream-0123456789";
     let _rt = runtime().enter();
     let frames = frames_of(input, cuts);
@@ -1525,12 +1521,12 @@ pub fn run_json_reply(input: &[u8], cuts: &[u8], max_reply: u64, broken: bool, e
             .with_reply_limit(max_reply);
         drain(body, |_| {})
     } else {
-        let inner = Metered::new(
-            upstream,
+        let usage = Usage::new(
             UsageReader::new(Protocol::Chat, false),
-            Arc::new(TokenCell::default()),
+            Fate::default(),
             None,
         );
+        let inner = Metered::new(upstream, Some(usage));
         let body = UpstreamBody::new(inner, std::time::Duration::from_secs(60), StreamGuard::None)
             .with_reply_limit(max_reply);
         drain(body, |_| {})
