@@ -416,6 +416,69 @@ impl Fate {
     }
 }
 
+/// How one attempt ended: the upstream's status, or why there was none.
+#[derive(Debug, Clone, Copy)]
+pub enum Tried {
+    Status(u16),
+    Failed(&'static str),
+}
+
+/// A request's attempts, for its access line's `tries` (`upstream 200 12ms, ...`): noted as
+/// they happen and put into words only with the line, so a request allocates nothing for them.
+#[derive(Debug, Default)]
+pub struct Tries(SmallVec<[(Arc<str>, Tried, Duration); 2]>);
+
+impl Tries {
+    pub fn push(&mut self, upstream: Arc<str>, tried: Tried, took: Duration) {
+        self.0.push((upstream, tried, took));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Runs `f` with the text, written into this thread's scratch buffer.
+    fn with_text<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        thread_local! {
+            static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        TEXT.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut text) => {
+                text.clear();
+                self.write(&mut text);
+                f(&text)
+            }
+            Err(_) => f(&self.to_string()),
+        })
+    }
+
+    fn write(&self, out: &mut String) {
+        let mut n = itoa::Buffer::new();
+        for (i, (upstream, tried, took)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(upstream);
+            out.push(' ');
+            out.push_str(match *tried {
+                Tried::Status(s) => n.format(s),
+                Tried::Failed(f) => f,
+            });
+            out.push(' ');
+            out.push_str(n.format(took.as_millis()));
+            out.push_str("ms");
+        }
+    }
+}
+
+impl std::fmt::Display for Tries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut text = String::new();
+        self.write(&mut text);
+        f.write_str(&text)
+    }
+}
+
 /// What one request was and did, completed when its response ends.
 #[derive(Debug)]
 pub struct Record {
@@ -439,7 +502,7 @@ pub struct Record {
     /// The client's protocol, for LLM requests.
     pub protocol: &'static str,
     pub attempts: u32,
-    pub tries: String,
+    pub tries: Tries,
     pub status: u16,
     pub started: Instant,
     /// How the response ended and what it used.
@@ -623,7 +686,7 @@ impl Finisher {
         }
         let ttfb_ms = ttfb.map(|t| t.as_secs_f64() * 1000.0);
         let duration_ms = duration.as_secs_f64() * 1000.0;
-        let tries = (!r.tries.is_empty()).then_some(r.tries.as_str());
+        let tries = (!r.tries.is_empty()).then(|| r.tries.to_string());
         if !crate::logfmt::access_lines_direct() {
             tracing::info!(
                 target: ACCESS,
@@ -635,7 +698,7 @@ impl Finisher {
                 model = r.model.as_deref(),
                 upstream = r.upstream.as_deref(),
                 attempts = r.attempts,
-                tries,
+                tries = tries.as_deref(),
                 status = r.status,
                 outcome,
                 ttfb_ms,
@@ -673,7 +736,9 @@ impl crate::logfmt::Deferred for Finisher {
         l.opt_str("model", r.model.as_deref());
         l.opt_str("upstream", r.upstream.as_deref());
         l.u64("attempts", u64::from(r.attempts));
-        l.opt_str("tries", (!r.tries.is_empty()).then_some(r.tries.as_str()));
+        if !r.tries.is_empty() {
+            r.tries.with_text(|text| l.str("tries", text));
+        }
         l.u64("status", u64::from(r.status));
         l.str("outcome", e.outcome);
         if let Some(t) = e.ttfb_ms {
@@ -810,6 +875,34 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The access line's `tries`, each attempt in the order it was made, past the two kept
+    /// inline too; the scratch buffer's text and `Display` agree, and a nested use (the buffer
+    /// already borrowed) still gives the text.
+    #[test]
+    fn tries_read_as_they_happened() {
+        let mut tries = Tries::default();
+        assert!(tries.is_empty());
+        tries.push(
+            Arc::from("a"),
+            Tried::Failed("connect"),
+            Duration::from_millis(3),
+        );
+        tries.push(
+            Arc::from("b"),
+            Tried::Status(503),
+            Duration::from_micros(12_900),
+        );
+        tries.push(
+            Arc::from("c"),
+            Tried::Status(200),
+            Duration::from_millis(1234),
+        );
+        let want = "a connect 3ms, b 503 12ms, c 200 1234ms";
+        assert_eq!(tries.to_string(), want);
+        let nested = tries.with_text(|outer| (outer.to_owned(), tries.with_text(str::to_owned)));
+        assert_eq!(nested, (want.to_owned(), want.to_owned()));
+    }
 
     fn read(protocol: Protocol, stream: bool, body: &str) -> Tokens {
         let mut r = UsageReader::new(protocol, stream);

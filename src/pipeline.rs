@@ -27,7 +27,7 @@ use crate::error::{ErrorKind, ErrorShape, GatewayError, RetryClass};
 use crate::gateway::Services;
 use crate::limits::Hold;
 use crate::metrics::{Metrics, RouteSeries};
-use crate::observe::{Fate, Holds, Metered, Observed, Record, Usage, UsageReader};
+use crate::observe::{Fate, Holds, Metered, Observed, Record, Tried, Tries, Usage, UsageReader};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -93,7 +93,7 @@ struct Ctx<'a> {
     /// Requests sent upstream.
     attempts: u32,
     /// `upstream outcome time` per attempt, for the access log.
-    tries: String,
+    tries: Tries,
     /// Headers every answer carries, refusals included (`x-ratelimit-*`, `retry-after`).
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// The model name the client sent.
@@ -126,37 +126,14 @@ impl Ctx<'_> {
             Tried::Failed(_) => "error",
         };
         upstream.attempts.count(metrics, &upstream.name, result);
-        let upstream = &*upstream.name;
-        // `upstream 200 12ms`, appended without the formatting machinery: every request has one.
-        let mut n = itoa::Buffer::new();
-        if !self.tries.is_empty() {
-            self.tries.push_str(", ");
-        }
-        self.tries.push_str(upstream);
-        self.tries.push(' ');
-        self.tries.push_str(match tried {
-            Tried::Status(s) => n.format(s),
-            Tried::Failed(f) => f,
-        });
-        self.tries.push(' ');
-        self.tries.push_str(n.format(took.as_millis()));
-        self.tries.push_str("ms");
+        self.tries.push(upstream.name.clone(), tried, took);
     }
 }
 
-/// How one attempt ended: the upstream's status, or why there was none.
-#[derive(Clone, Copy)]
-enum Tried {
-    Status(u16),
-    Failed(&'static str),
-}
-
-impl Tried {
-    fn of<B, E>(resp: &Result<Response<B>, E>) -> Self {
-        match resp {
-            Ok(r) => Tried::Status(r.status().as_u16()),
-            Err(_) => Tried::Failed("error"),
-        }
+fn tried<B, E>(resp: &Result<Response<B>, E>) -> Tried {
+    match resp {
+        Ok(r) => Tried::Status(r.status().as_u16()),
+        Err(_) => Tried::Failed("error"),
     }
 }
 
@@ -248,12 +225,16 @@ fn count_value(n: u32) -> HeaderValue {
     }
 }
 
+/// The request's id: the client's `x-request-id` when it sends a usable one, else ours. Its
+/// bytes are owned by a reference-counted owner, so the clones the response header and the
+/// access record take allocate nothing (a copied value allocates again at its first clone).
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
         if !v.is_empty() && v.len() <= 128 {
             // Copied: a clone would share hyper's read buffer, and the request's record keeps
             // the id until its access line is written.
-            if let Ok(copy) = HeaderValue::from_bytes(v.as_bytes()) {
+            let owned = Bytes::from_owner(v.as_bytes().to_vec());
+            if let Ok(copy) = HeaderValue::from_maybe_shared(owned) {
                 return copy;
             }
         }
@@ -265,7 +246,8 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
     for (i, b) in id[4..].iter_mut().enumerate() {
         *b = HEX[((bits >> (4 * (23 - i))) & 0xf) as usize];
     }
-    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
+    HeaderValue::from_maybe_shared(Bytes::from_owner(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
 }
 
 /// Serves one request; never fails, every error is rendered here in the path's shape.
@@ -292,8 +274,7 @@ pub async fn handle(
         upstream: None,
         series: None,
         attempts: 0,
-        // Room for two attempts' `upstream 200 12ms` before it grows.
-        tries: String::with_capacity(64),
+        tries: Tries::default(),
         extra_headers: Vec::new(),
         client_model: None,
         key_name: None,
@@ -613,7 +594,7 @@ async fn stored_response(
     ctx.log_attempt(
         &gw.services.metrics,
         &upstream,
-        Tried::of(&resp),
+        tried(&resp),
         started.elapsed(),
     );
     let resp = upstream::check_answer(&upstream, resp?, false, gw.services.limits.max_reply_bytes)?;
@@ -693,7 +674,7 @@ async fn count_tokens(
         ctx.log_attempt(
             &gw.services.metrics,
             &target.upstream,
-            Tried::of(&resp),
+            tried(&resp),
             started.elapsed(),
         );
         // The same rules as any upstream answer (§14): no redirect, no 401/403 passed on as the

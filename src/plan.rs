@@ -141,20 +141,21 @@ impl<'b> Plan<'b> {
                 reply: Reply::Passthrough { guard, strip_usage },
             });
         }
-        let (client, bytes, client_model) = (self.client, self.bytes, self.client_model);
-        let previous = self.echo_previous.as_deref();
-        let decoded = self
-            .decoded
-            .get_or_insert_with(|| {
-                Decoded::new(client, bytes, client_model).map(|mut d| {
-                    if let Some(id) = previous {
-                        d.echo_previous_response_id(id);
-                    }
-                    d
-                })
-            })
-            .as_mut()
-            .map_err(|e| e.clone())?;
+        let decoded = match self.decoded {
+            Some(ref mut decoded) => decoded,
+            None => {
+                // Put in its slot and changed there: built apart and passed through `map` and
+                // `get_or_insert_with`, the decoded request (240 bytes) was copied eight times.
+                let decoded =
+                    self.decoded
+                        .insert(Decoded::new(self.client, self.bytes, self.client_model));
+                if let (Ok(d), Some(id)) = (decoded.as_mut(), self.echo_previous.as_deref()) {
+                    d.echo_previous_response_id(id);
+                }
+                decoded
+            }
+        };
+        let decoded = decoded.as_mut().map_err(|e| e.clone())?;
         let (body, translation) = decoded.encode(protocol, target, name)?;
         Ok(Encoded {
             protocol,
