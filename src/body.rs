@@ -546,7 +546,9 @@ where
 pin_project! {
     /// A body with a frame already read from it put back in front.
     pub struct Prepend<B> {
-        first: Option<Frame<Bytes>>,
+        // Boxed: a frame is 96 bytes (it may be trailers), and an upstream's answer carries
+        // this slot from its head on, read ahead or not.
+        first: Option<Box<Frame<Bytes>>>,
         #[pin]
         inner: B,
     }
@@ -555,8 +557,71 @@ pin_project! {
 impl<B> Prepend<B> {
     pub fn new(first: Frame<Bytes>, inner: B) -> Self {
         Self {
-            first: Some(first),
+            first: Some(Box::new(first)),
             inner,
+        }
+    }
+
+    /// `inner` with nothing in front yet.
+    pub fn nothing_before(inner: B) -> Self {
+        Self { first: None, inner }
+    }
+
+    /// Puts `frame`, read from the front of this body, back.
+    pub fn put_back(&mut self, frame: Frame<Bytes>) {
+        self.first = Some(Box::new(frame));
+    }
+}
+
+/// An upstream's answer body as the pipeline holds it until it answers: the body of whichever
+/// client carried it, or that body redacted (an error that may quote the credential), or an
+/// answer made here (the mock), with a first frame read ahead put back in front. One type
+/// rather than a box: the upstream side costs no allocation and no dynamic call per frame.
+pub type Sent = Prepend<SentBody>;
+
+/// The body of a [`Sent`].
+pub enum SentBody {
+    Upstream(crate::upstream::UpstreamIncoming),
+    /// Boxed: only error answers that may quote the credential come this way.
+    Redacted(Box<Redacted<crate::upstream::UpstreamIncoming>>),
+    Here(Body),
+}
+
+impl SentBody {
+    /// As a [`Sent`], nothing read ahead.
+    pub fn sent(self) -> Sent {
+        Prepend::nothing_before(self)
+    }
+}
+
+impl HttpBody for SentBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+            Self::Redacted(b) => Pin::new(&mut **b).poll_frame(cx),
+            Self::Here(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Upstream(b) => b.is_end_stream(),
+            Self::Redacted(b) => b.is_end_stream(),
+            Self::Here(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Upstream(b) => b.size_hint(),
+            Self::Redacted(b) => b.size_hint(),
+            Self::Here(b) => b.size_hint(),
         }
     }
 }
@@ -574,7 +639,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
         if let Some(frame) = this.first.take() {
-            return Poll::Ready(Some(Ok(frame)));
+            return Poll::Ready(Some(Ok(*frame)));
         }
         this.inner.poll_frame(cx)
     }
@@ -587,7 +652,7 @@ where
         let inner = self.inner.size_hint();
         let Some(len) = self
             .first
-            .as_ref()
+            .as_deref()
             .and_then(Frame::data_ref)
             .map(|d| d.len() as u64)
         else {

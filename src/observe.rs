@@ -803,17 +803,21 @@ impl<B: HttpBody> Observed<B> {
         }
         Self {
             inner,
-            finisher: Some(Box::new(Finisher {
-                record,
-                metrics,
-                stream,
-                first_byte: None,
-                last_chunk: None,
-                chunks: 0,
-                gaps: None,
-                nothing_to_send,
-                ended: None,
-            })),
+            // Written into its box rather than built apart and copied in (384 bytes).
+            finisher: Some(Box::write(
+                Box::new_uninit(),
+                Finisher {
+                    record,
+                    metrics,
+                    stream,
+                    first_byte: None,
+                    last_chunk: None,
+                    chunks: 0,
+                    gaps: None,
+                    nothing_to_send,
+                    ended: None,
+                },
+            )),
             holds,
         }
     }

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use crate::attempt::{Chain, Selector};
 use crate::auth::{KeyMemo, Principal};
-use crate::body::{self, Body, SizeLimit, StreamGuard, UpstreamBody};
+use crate::body::{self, Body, Sent, SentBody, SizeLimit, StreamGuard, UpstreamBody};
 use crate::config::KeyLimits;
 use crate::config::{
     Address, Config, Limits, Model, Protocol, RetryPolicy, Target, Upstream, UpstreamKind,
@@ -850,7 +850,7 @@ enum Failed {
     /// No usable head: connect error, timeout, a body that broke before its first byte.
     Transport(GatewayError),
     /// A retryable status (429, 5xx), answered as it is if no other attempt does better.
-    Status(Response<Body>, Box<Encoded>),
+    Status(Response<Sent>, Box<Encoded>),
 }
 
 /// Tries the plan on targets until one answers before the first byte reaches the client
@@ -1043,13 +1043,13 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// A JSON reply is not waited for: the extra wake-up cost its added latency 35% at 500 req/s
 /// (benchbed S1), and a JSON body that breaks is rare and answered as a 502.
 async fn first_frame(
-    resp: Response<Body>,
+    mut resp: Response<Sent>,
     within: Duration,
-) -> Result<Response<Body>, GatewayError> {
+) -> Result<Response<Sent>, GatewayError> {
     if !resp.status().is_success() || !body::is_event_stream(resp.headers()) {
         return Ok(resp);
     }
-    let (parts, mut body) = resp.into_parts();
+    let body = resp.body_mut();
     let first = match tokio::time::timeout(within, body.frame()).await {
         Ok(Some(Ok(frame))) => Some(frame),
         Ok(None) => None,
@@ -1069,16 +1069,15 @@ async fn first_frame(
             ))
         }
     };
-    let body = match first {
-        Some(frame) => BodyExt::boxed(body::Prepend::new(frame, body)),
-        None => body,
-    };
-    Ok(Response::from_parts(parts, body))
+    if let Some(frame) = first {
+        body.put_back(frame);
+    }
+    Ok(resp)
 }
 
 /// A passthrough answer: the upstream's head and body, watched.
 fn passthrough(
-    resp: Response<Body>,
+    resp: Response<Sent>,
     limits: Limits,
     guard: StreamGuard,
     strip_usage: bool,
@@ -1101,14 +1100,11 @@ async fn send(
     client_headers: &HeaderMap,
     request_id: &HeaderValue,
     stream: bool,
-) -> Result<Response<Body>, GatewayError> {
+) -> Result<Response<Sent>, GatewayError> {
     let upstream = &target.upstream;
     if upstream.kind == UpstreamKind::Mock {
-        return Ok(mock::handle(
-            encoded.protocol,
-            &encoded.body,
-            Duration::ZERO,
-        ));
+        let resp = mock::handle(encoded.protocol, &encoded.body, Duration::ZERO);
+        return Ok(resp.map(|b| SentBody::Here(b).sent()));
     }
     let uri = upstream.uri_for(encoded.protocol).cloned().ok_or_else(|| {
         GatewayError::new(
@@ -1137,24 +1133,26 @@ async fn send(
     ))
 }
 
-/// Boxes an upstream answer; an error body has the upstream's credential replaced if it quotes it.
+/// An upstream answer as the pipeline holds it; an error body has the upstream's credential
+/// replaced if it quotes it.
 fn redact_errors(
     resp: Response<upstream::UpstreamIncoming>,
     upstream: &crate::config::Upstream,
     max: u64,
-) -> Response<Body> {
+) -> Response<Sent> {
     if !resp.status().is_success() {
         if let Some(secret) = upstream.quotable_credential() {
             let secret = Bytes::copy_from_slice(secret);
-            return resp.map(|b| BodyExt::boxed(body::Redacted::new(b, secret, max)));
+            return resp
+                .map(|b| SentBody::Redacted(Box::new(body::Redacted::new(b, secret, max))).sent());
         }
     }
-    resp.map(|b| BodyExt::boxed(b.map_err(|e| -> body::BoxError { Box::new(e) })))
+    resp.map(|b| SentBody::Upstream(b).sent())
 }
 
 /// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
 fn wrap_response(
-    resp: Response<Body>,
+    resp: Response<Sent>,
     limits: Limits,
     guard: StreamGuard,
     fate: &Fate,
@@ -1186,7 +1184,7 @@ fn wrap_response(
 /// The upstream's answer in the client's protocol: a stream translated as it arrives, or a whole
 /// JSON body (reply or error) translated at once.
 async fn translated_response(
-    resp: Response<Body>,
+    resp: Response<Sent>,
     limits: Limits,
     t: &Translation,
     fate: &Fate,

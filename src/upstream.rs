@@ -36,10 +36,12 @@ pub struct UpstreamClient {
     first_byte_timeout: Duration,
 }
 
-/// An upstream response body, from whichever client carried the request.
+/// An upstream response body, from whichever client carried the request. The shared client's
+/// body is boxed: it is larger than the plain one (136 bytes against 80), and every answer is
+/// moved several times on its way to the client.
 pub enum UpstreamIncoming {
     Plain(h1::PooledBody),
-    Shared(Coalesce<Incoming>),
+    Shared(Box<Coalesce<Incoming>>),
 }
 
 /// Why an upstream response body could not be read to its end.
@@ -61,7 +63,7 @@ impl http_body::Body for UpstreamIncoming {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Self::Plain(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::Plain),
-            Self::Shared(b) => Pin::new(b).poll_frame(cx).map_err(BodyError::Shared),
+            Self::Shared(b) => Pin::new(&mut **b).poll_frame(cx).map_err(BodyError::Shared),
         }
     }
 
@@ -197,7 +199,7 @@ impl UpstreamClient {
         req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamIncoming>, GatewayError> {
         match self.client.request(req).await {
-            Ok(resp) => Ok(resp.map(|b| UpstreamIncoming::Shared(Coalesce::new(b)))),
+            Ok(resp) => Ok(resp.map(|b| UpstreamIncoming::Shared(Box::new(Coalesce::new(b))))),
             Err(e) => Err(classify(upstream, e)),
         }
     }
