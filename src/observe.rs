@@ -686,8 +686,9 @@ impl Finisher {
         }
         let ttfb_ms = ttfb.map(|t| t.as_secs_f64() * 1000.0);
         let duration_ms = duration.as_secs_f64() * 1000.0;
-        let tries = (!r.tries.is_empty()).then(|| r.tries.to_string());
         if !crate::logfmt::access_lines_direct() {
+            // Put into words here only: the held line writes them itself, later.
+            let tries = (!r.tries.is_empty()).then(|| r.tries.to_string());
             tracing::info!(
                 target: ACCESS,
                 request_id = r.request_id.to_str().unwrap_or("-"),
