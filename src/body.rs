@@ -1,4 +1,4 @@
-//! Response bodies: the boxed body type, and the upstream body wrapper that enforces the idle timeout and never lets a stream end silently.
+//! Response bodies: the boxed body type, an upstream's answer as the pipeline holds it, and the upstream body wrapper that enforces the idle timeout and never lets a stream end silently.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -355,19 +355,7 @@ fn reply_too_large(max: u64) -> GatewayError {
 
 impl<B> UpstreamBody<B> {
     pub fn new(inner: B, idle_timeout: Duration, guard: StreamGuard) -> Self {
-        Self {
-            inner,
-            idle: None,
-            idle_timeout,
-            last_frame: None,
-            guard,
-            scan: StreamScan::default(),
-            sent_ends_event: true,
-            terminal_seen: false,
-            done: false,
-            fate: None,
-            limits: BodyLimits::default(),
-        }
+        Self::build(inner, idle_timeout, guard, None, BodyLimits::default())
     }
 
     /// The body a client receives: `new` with the request's fate and the size limit that
@@ -385,6 +373,22 @@ impl<B> UpstreamBody<B> {
             SizeLimit::Event(max) => (None, Some(max)),
             SizeLimit::Unbounded => (None, None),
         };
+        let limits = BodyLimits {
+            reply_left,
+            reply_max: reply_left.unwrap_or(0),
+            event_max,
+            event_len: 0,
+        };
+        Self::build(inner, idle_timeout, guard, Some(fate), limits)
+    }
+
+    fn build(
+        inner: B,
+        idle_timeout: Duration,
+        guard: StreamGuard,
+        fate: Option<Fate>,
+        limits: BodyLimits,
+    ) -> Self {
         Self {
             inner,
             idle: None,
@@ -395,13 +399,8 @@ impl<B> UpstreamBody<B> {
             sent_ends_event: true,
             terminal_seen: false,
             done: false,
-            fate: Some(fate),
-            limits: BodyLimits {
-                reply_left,
-                reply_max: reply_left.unwrap_or(0),
-                event_max,
-                event_len: 0,
-            },
+            fate,
+            limits,
         }
     }
 
