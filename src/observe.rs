@@ -445,37 +445,38 @@ impl Tries {
         TEXT.with(|cell| match cell.try_borrow_mut() {
             Ok(mut text) => {
                 text.clear();
-                self.write(&mut text);
+                // Writing into a `String` cannot fail.
+                let _ = self.write(&mut *text);
                 f(&text)
             }
             Err(_) => f(&self.to_string()),
         })
     }
 
-    fn write(&self, out: &mut String) {
+    /// `upstream 200 12ms, ...`, without the formatting machinery: every request has one.
+    fn write(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let mut n = itoa::Buffer::new();
         for (i, (upstream, tried, took)) in self.0.iter().enumerate() {
             if i > 0 {
-                out.push_str(", ");
+                out.write_str(", ")?;
             }
-            out.push_str(upstream);
-            out.push(' ');
-            out.push_str(match *tried {
+            out.write_str(upstream)?;
+            out.write_char(' ')?;
+            out.write_str(match *tried {
                 Tried::Status(s) => n.format(s),
                 Tried::Failed(f) => f,
-            });
-            out.push(' ');
-            out.push_str(n.format(took.as_millis()));
-            out.push_str("ms");
+            })?;
+            out.write_char(' ')?;
+            out.write_str(n.format(took.as_millis()))?;
+            out.write_str("ms")?;
         }
+        Ok(())
     }
 }
 
 impl std::fmt::Display for Tries {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut text = String::new();
-        self.write(&mut text);
-        f.write_str(&text)
+        self.write(f)
     }
 }
 
