@@ -1010,6 +1010,39 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_reply_is_collected_whole_however_it_was_framed() {
+        let reply = b"{\"id\":\"chatcmpl-1\",\"choices\":[]}";
+        for size in [1, 5, reply.len()] {
+            let parts: Vec<Vec<u8>> = reply.chunks(size).map(<[u8]>::to_vec).collect();
+            let got = collect_reply(frames_of(parts)).await;
+            assert_eq!(got.ok().as_deref(), Some(&reply[..]), "frames of {size}");
+        }
+        // Empty frames (and none at all) add nothing.
+        let got = collect_reply(frames_of(vec![vec![], b"{}".to_vec(), vec![]])).await;
+        assert_eq!(got.ok().as_deref(), Some(&b"{}"[..]));
+        let got = collect_reply(frames_of(vec![])).await;
+        assert_eq!(got.ok().as_deref(), Some(&b""[..]));
+    }
+
+    #[tokio::test]
+    async fn a_reply_that_breaks_is_an_upstream_error_saying_so() {
+        let frames: Vec<Result<Frame<Bytes>, &str>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"{\"id\":"))),
+            Err("connection reset"),
+        ];
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let err = collect_reply(body).await.err();
+        let err = err.as_ref().map(|e| (e.kind, e.message.as_str()));
+        assert_eq!(
+            err,
+            Some((
+                ErrorKind::UpstreamBadResponse,
+                "reading the upstream reply: connection reset"
+            ))
+        );
+    }
+
     #[test]
     fn only_a_marker_at_a_line_start_counts() {
         let done = StreamGuard::Chat.terminals();
@@ -1072,13 +1105,33 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    use http_body_util::BodyExt;
-    body.collect().await.map(|c| c.to_bytes()).map_err(|e| {
-        GatewayError::new(
-            ErrorKind::UpstreamBadResponse,
-            format!("reading the upstream reply: {e}"),
-        )
-    })
+    let mut body = std::pin::pin!(body);
+    // A reply that came in one frame is that frame: `BodyExt::collect` would queue it in a
+    // list of its own (an allocation) to hand it back.
+    let mut first = Bytes::new();
+    let mut joined: Option<Vec<u8>> = None;
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| {
+            GatewayError::new(
+                ErrorKind::UpstreamBadResponse,
+                format!("reading the upstream reply: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        match &mut joined {
+            Some(all) => all.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut all = Vec::with_capacity(first.len() + data.len());
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&data);
+                joined = Some(all);
+            }
+        }
+    }
+    Ok(joined.map_or(first, Bytes::from))
 }
 
 /// Replaces each occurrence of `secret` in `text`.

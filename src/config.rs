@@ -129,6 +129,9 @@ impl BaseUrl {
 #[derive(Debug)]
 pub struct Upstream {
     pub name: Arc<str>,
+    /// `name` as the `x-modelgate-upstream` header every answer carries, made once here (`None`
+    /// for a name no header can hold).
+    pub name_header: Option<HeaderValue>,
     pub kind: UpstreamKind,
     pub base_url: Option<BaseUrl>,
     pub credential: Option<Secret>,

@@ -747,6 +747,11 @@ pub fn as_array(raw: Raw<'_>) -> Result<Vec<Raw<'_>>, Expected> {
         .ok_or(Expected::Array)
 }
 
+/// That `raw` is an array, its elements left unread.
+pub fn is_array(raw: Raw<'_>) -> Result<(), Expected> {
+    known_elements(raw.0).map(drop).ok_or(Expected::Array)
+}
+
 pub fn as_object(raw: Raw<'_>) -> Result<RawObject<'_>, Expected> {
     RawObject::from_raw(raw).ok_or(Expected::Object)
 }

@@ -88,6 +88,8 @@ struct Ctx<'a> {
     model: Option<Arc<Model>>,
     /// The upstream tried last.
     upstream: Option<Arc<str>>,
+    /// Its name as a header value, when it is a configured upstream's.
+    upstream_header: Option<HeaderValue>,
     /// The metrics series of `model` served by `upstream`.
     series: Option<Arc<RouteSeries>>,
     /// Requests sent upstream.
@@ -272,6 +274,7 @@ pub async fn handle(
         key: None,
         model: None,
         upstream: None,
+        upstream_header: None,
         series: None,
         attempts: 0,
         tries: Tries::default(),
@@ -327,7 +330,12 @@ pub async fn handle(
         .upstream
         .as_deref()
         .filter(|_| ep != Some(Endpoint::Video))
-        .and_then(|u| HeaderValue::try_from(u).ok())
+        .and_then(|u| {
+            // Made once with the config; copied from the name only where no target set it.
+            ctx.upstream_header
+                .take()
+                .or_else(|| HeaderValue::try_from(u).ok())
+        })
     {
         headers.insert(X_MODELGATE_UPSTREAM.clone(), up);
         headers.insert(X_MODELGATE_ATTEMPTS.clone(), count_value(ctx.attempts));
@@ -669,6 +677,7 @@ async fn count_tokens(
             upstream::build_request(&target.upstream, uri, &parts.headers, &ctx.request_id, body);
         ctx.attempts = 1;
         ctx.upstream = Some(target.upstream.name.clone());
+        ctx.upstream_header.clone_from(&target.upstream.name_header);
         let started = Instant::now();
         let resp = gw.services.client.send(&target.upstream, req).await;
         ctx.log_attempt(
@@ -909,6 +918,7 @@ async fn attempts(
         }
         ctx.attempts += 1;
         ctx.upstream = Some(target.upstream.name.clone());
+        ctx.upstream_header.clone_from(&target.upstream.name_header);
         ctx.series = ctx
             .model
             .as_ref()
@@ -1218,8 +1228,8 @@ async fn translated_response(
         fate.clone(),
         limit,
     );
-    let body: Body = BodyExt::boxed(upstream_body);
     if stream {
+        let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
         let mut resp = Response::new(BodyExt::boxed(translated));
         *resp.headers_mut() = headers;
@@ -1231,7 +1241,8 @@ async fn translated_response(
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
-    let bytes = body::collect_reply(body).await?;
+    // Read where it is, unboxed: the box would be an allocation and a copy for one read.
+    let bytes = body::collect_reply(upstream_body).await?;
     let (status, reply) = t.json_reply(parts.status, &bytes);
     let mut resp = Response::new(body::full(reply));
     *resp.status_mut() = status;

@@ -731,7 +731,8 @@ pub fn passthrough(
             let raw = obj
                 .get_present("messages")
                 .ok_or_else(|| GatewayError::invalid("messages", "`messages` is required"))?;
-            typed("messages", raw, json::as_array)?;
+            // Only its type: the elements are read where the request is served or translated.
+            typed("messages", raw, json::is_array)?;
         }
         Protocol::Responses => {
             if obj.get_present("input").is_none()
@@ -757,6 +758,32 @@ mod tests {
         let config =
             crate::config::Config::parse(text, std::path::Path::new("."), &|_| None).unwrap();
         config.models[0].clone()
+    }
+
+    #[test]
+    fn a_messages_body_needs_an_array_of_messages_however_long() {
+        use crate::config::Protocol;
+        let check = |body: &str| {
+            let obj = request_object(body.as_bytes()).unwrap();
+            passthrough(&obj, Protocol::Messages).map_err(|e| e.message)
+        };
+        assert_eq!(check(r#"{"max_tokens":8,"messages":[]}"#), Ok(false));
+        assert_eq!(
+            check(r#"{"max_tokens":8,"messages":[{"role":"user","content":"hi"}],"stream":true}"#),
+            Ok(true)
+        );
+        for wrong in [r#""hi""#, "{}", "7", "true"] {
+            let err = check(&format!(r#"{{"max_tokens":8,"messages":{wrong}}}"#)).unwrap_err();
+            assert!(
+                err.contains("messages") && err.contains("an array"),
+                "{wrong}: {err}"
+            );
+        }
+        // Null is as good as absent.
+        for absent in [r#"{"max_tokens":8}"#, r#"{"max_tokens":8,"messages":null}"#] {
+            let err = check(absent).unwrap_err();
+            assert!(err.contains("`messages` is required"), "{absent}: {err}");
+        }
     }
 
     /// The walk accepts the common shapes, and whatever it accepts the full check accepts too;

@@ -862,6 +862,7 @@ fn validate_upstreams(
             }
         }
         out.push(Arc::new(Upstream {
+            name_header: HeaderValue::try_from(u.name.as_str()).ok(),
             name: Arc::from(u.name),
             kind,
             base_url,

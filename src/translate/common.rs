@@ -73,7 +73,8 @@ pub fn reprefix(id: &str, prefix: &str) -> String {
     if bare.is_empty() {
         return crate::ir::mint_id(prefix);
     }
-    format!("{prefix}{bare}")
+    // One allocation of the exact size; `format!` grew its buffer through the formatter.
+    [prefix, bare].concat()
 }
 
 /// The value at `path` under `v`, one key (or array index) per step. `Value::pointer` does the

@@ -1,5 +1,7 @@
 //! Anthropic Messages ⇄ IR: client requests in, upstream requests out, replies and stream events both ways.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -149,7 +151,7 @@ struct Reply<'a> {
 #[serde(untagged)]
 enum Block<'a> {
     Text {
-        text: String,
+        text: Cow<'a, str>,
         #[serde(rename = "type")]
         kind: &'static str,
     },
@@ -186,9 +188,10 @@ fn reply<'a>(r: &'a ir::Response, client_model: &'a str) -> Reply<'a> {
     for p in &r.content {
         match p {
             Part::Text(t) => match content.last_mut() {
-                Some(Block::Text { text, .. }) => text.push_str(t),
+                Some(Block::Text { text, .. }) => text.to_mut().push_str(t),
                 _ => content.push(Block::Text {
-                    text: t.clone(),
+                    // Borrowed unless a second text part joins it.
+                    text: Cow::Borrowed(t),
                     kind: "text",
                 }),
             },

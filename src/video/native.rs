@@ -192,6 +192,7 @@ mod tests {
     fn up() -> Upstream {
         Upstream {
             name: "native".into(),
+            name_header: None,
             kind: crate::config::UpstreamKind::Video,
             base_url: None,
             credential: None,
