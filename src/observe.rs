@@ -486,9 +486,9 @@ pub struct Record {
     pub request_id: http::HeaderValue,
     pub address: &'static str,
     pub method: http::Method,
-    /// A copy: the head's own bytes share hyper's read buffer, which a record held for the
-    /// access log must not keep.
-    pub path: String,
+    /// A copy, or the served path it equals: the head's own bytes share hyper's read buffer,
+    /// which a record held for the access log must not keep.
+    pub path: std::borrow::Cow<'static, str>,
     /// The key, when one was authenticated (shared with the config, not copied).
     pub principal: Option<Arc<crate::auth::Principal>>,
     /// The key's name where no authenticated key gives it (a video download's signed id).

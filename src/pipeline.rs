@@ -1,5 +1,6 @@
 //! The request path: endpoint → auth → body → route → validate → passthrough/translate → upstream → response; the one place an error becomes a response.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,6 +189,16 @@ fn address_shape(address: Address) -> ErrorShape {
     }
 }
 
+/// The path as a request's record keeps it: an LLM path as the constant it equals, any other
+/// path copied.
+fn kept_path(path: &str) -> Cow<'static, str> {
+    const LLM_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/messages", "/v1/responses"];
+    match LLM_PATHS.iter().find(|p| **p == path) {
+        Some(p) => Cow::Borrowed(p),
+        None => Cow::Owned(path.to_owned()),
+    }
+}
+
 fn endpoint(address: Address, path: &str) -> Option<Endpoint> {
     match (address, path) {
         (Address::Base | Address::TokenPlan, "/v1/chat/completions") => {
@@ -267,7 +278,7 @@ pub async fn handle(
     // the whole request down each layer made the request's future about 1 KB larger.
     let (parts, body) = req.into_parts();
     let method = parts.method.clone();
-    let path = parts.uri.path().to_owned();
+    let path = kept_path(parts.uri.path());
     let mut ctx = Ctx {
         keys_seen,
         request_id: request_id(&parts.headers),
@@ -1228,8 +1239,10 @@ async fn translated_response(
         fate.clone(),
         limit,
     );
+    // Boxed for a JSON reply too: unboxed, the body (about 500 bytes) would be held in this
+    // future while it is read, and so in every request's future, passthrough ones included.
+    let body: Body = BodyExt::boxed(upstream_body);
     if stream {
-        let body: Body = BodyExt::boxed(upstream_body);
         let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
         let mut resp = Response::new(BodyExt::boxed(translated));
         *resp.headers_mut() = headers;
@@ -1241,8 +1254,7 @@ async fn translated_response(
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
-    // Read where it is, unboxed: the box would be an allocation and a copy for one read.
-    let bytes = body::collect_reply(upstream_body).await?;
+    let bytes = body::collect_reply(body).await?;
     let (status, reply) = t.json_reply(parts.status, &bytes);
     let mut resp = Response::new(body::full(reply));
     *resp.status_mut() = status;
@@ -1452,6 +1464,28 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
     use super::*;
+
+    #[test]
+    fn a_kept_path_is_the_path_and_borrows_only_a_served_llm_path() {
+        for path in ["/v1/chat/completions", "/v1/messages", "/v1/responses"] {
+            assert!(
+                matches!(kept_path(path), Cow::Borrowed(p) if p == path),
+                "{path}"
+            );
+        }
+        for path in [
+            "/v1/models",
+            "/v1/chat/completions/",
+            "/v1/messages/count_tokens",
+            "/",
+            "",
+        ] {
+            assert!(
+                matches!(kept_path(path), Cow::Owned(p) if p == path),
+                "{path}"
+            );
+        }
+    }
 
     #[test]
     fn count_values_read_as_the_counts_they_stand_for() {
