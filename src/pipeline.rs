@@ -192,8 +192,11 @@ fn address_shape(address: Address) -> ErrorShape {
 /// The path as a request's record keeps it: an LLM path as the constant it equals, any other
 /// path copied.
 fn kept_path(path: &str) -> Cow<'static, str> {
-    const LLM_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/messages", "/v1/responses"];
-    match LLM_PATHS.iter().find(|p| **p == path) {
+    match Protocol::ALL
+        .map(Protocol::client_path)
+        .into_iter()
+        .find(|p| *p == path)
+    {
         Some(p) => Cow::Borrowed(p),
         None => Cow::Owned(path.to_owned()),
     }
