@@ -3,8 +3,9 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream|messages] [N]
-# (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream)
+#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream] [N]
+# (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream;
+# messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
 set -euo pipefail
@@ -22,10 +23,10 @@ printf '%b' "${GW_EXTRA:-}" >> "$work/cfg/gw.toml"
 body=$chat_body
 [ "$kind" = stream ] && body=$(streamed "$chat_body")
 path=/v1/chat/completions
-if [ "$kind" = messages ]; then
-    body=$messages_body
-    path=/v1/messages
-fi
+case $kind in
+    messages) body=$messages_body path=/v1/messages ;;
+    messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
+esac
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \

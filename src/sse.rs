@@ -1,7 +1,5 @@
 //! Server-sent events: an incremental decoder that accepts any split of the bytes, and the encoder's framing helpers.
 
-use bytes::{Buf, BytesMut};
-
 /// One dispatched event: its `event:` name (if any) and its `data:` lines joined with `\n`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SseEvent {
@@ -9,18 +7,47 @@ pub struct SseEvent {
     pub data: String,
 }
 
+impl SseEvent {
+    pub fn as_ref(&self) -> EventRef<'_> {
+        EventRef {
+            event: self.event.as_deref(),
+            data: &self.data,
+        }
+    }
+}
+
+/// An event as the decoder hands it over: borrowed from its buffers, valid until the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRef<'a> {
+    pub event: Option<&'a str>,
+    pub data: &'a str,
+}
+
+impl EventRef<'_> {
+    pub fn to_owned(self) -> SseEvent {
+        SseEvent {
+            event: self.event.map(str::to_owned),
+            data: self.data.to_owned(),
+        }
+    }
+}
+
 /// Decodes an event stream fed in arbitrary pieces (WHATWG rules: `\n`, `\r\n` or `\r` line ends,
 /// `:` comments, repeated `data:` joined by `\n`, one leading space after the colon stripped).
+///
+/// Lines are read where they arrive; only a line still open at the end of a piece is copied, to
+/// be completed by the next. The event's name and data are gathered in buffers kept for the
+/// whole stream, so a stream of events costs no allocation per event.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
-    buf: BytesMut,
-    event: Option<String>,
-    data: String,
+    /// The start of a line whose end has not arrived; never holds a line end.
+    partial: Vec<u8>,
+    event: Vec<u8>,
+    has_event: bool,
+    data: Vec<u8>,
     has_data: bool,
     /// A `\r` ended the last line; a `\n` right after it belongs to the same line end.
     pending_cr: bool,
-    /// How much of `buf` has been searched for a line end already.
-    scanned: usize,
     max_event: Option<usize>,
 }
 
@@ -43,33 +70,52 @@ impl SseDecoder {
         }
     }
 
-    /// Feeds bytes; complete events are appended to `out`. Each byte is searched for a line
-    /// end once, however the stream is split, so the work is linear in the input.
+    /// Feeds bytes; complete events are appended to `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), EventTooLarge> {
-        self.buf.extend_from_slice(bytes);
-        loop {
-            if self.pending_cr && !self.buf.is_empty() {
-                if self.buf[0] == b'\n' {
-                    self.buf.advance(1);
-                }
+        self.feed_with(bytes, |ev| out.push(ev.to_owned()))
+    }
+
+    /// Feeds bytes; `each` gets every event they complete, in order. Each byte is searched for
+    /// a line end once, however the stream is split, so the work is linear in the input.
+    pub fn feed_with(
+        &mut self,
+        mut bytes: &[u8],
+        mut each: impl FnMut(EventRef<'_>),
+    ) -> Result<(), EventTooLarge> {
+        if self.pending_cr && !bytes.is_empty() {
+            self.pending_cr = false;
+            if bytes[0] == b'\n' {
+                bytes = &bytes[1..];
+            }
+        }
+        let mut start = 0;
+        for end in memchr::memchr2_iter(b'\n', b'\r', bytes) {
+            // A CRLF's LF: the line ended at its CR.
+            if end == start && self.pending_cr && bytes[end] == b'\n' {
                 self.pending_cr = false;
+                start = end + 1;
+                continue;
             }
-            let Some(rel) = memchr::memchr2(b'\n', b'\r', &self.buf[self.scanned..]) else {
-                self.scanned = self.buf.len();
-                break;
-            };
-            let pos = self.scanned + rel;
-            self.scanned = 0;
-            let line = self.buf.split_to(pos);
-            let terminator = self.buf[0];
-            self.buf.advance(1);
-            if terminator == b'\r' {
-                self.pending_cr = true;
+            self.pending_cr = bytes[end] == b'\r';
+            let piece = &bytes[start..end];
+            start = end + 1;
+            if self.partial.is_empty() {
+                self.line(piece, &mut each);
+            } else {
+                let mut line = std::mem::take(&mut self.partial);
+                line.extend_from_slice(piece);
+                self.line(&line, &mut each);
+                line.clear();
+                self.partial = line;
             }
-            self.line(&line, out);
+        }
+        if start < bytes.len() {
+            // The piece ends inside a line: whatever the next byte is, it is not a CRLF's LF.
+            self.pending_cr = false;
+            self.partial.extend_from_slice(&bytes[start..]);
         }
         match self.max_event {
-            Some(max) if self.data.len() + self.buf.len() > max => Err(EventTooLarge(max)),
+            Some(max) if self.data.len() + self.partial.len() > max => Err(EventTooLarge(max)),
             _ => Ok(()),
         }
     }
@@ -77,52 +123,75 @@ impl SseDecoder {
     /// Ends the stream: a final event without its blank line is still dispatched (as browsers do not,
     /// but a truncated upstream's last complete data line is better surfaced than lost).
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
-        self.scanned = 0;
-        if !self.buf.is_empty() {
-            let line = self.buf.split();
-            self.line(&line, out);
-        }
-        self.dispatch(out);
+        self.finish_with(|ev| out.push(ev.to_owned()));
     }
 
-    fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+    /// [`finish`](Self::finish), handing the last event to `each`.
+    pub fn finish_with(&mut self, mut each: impl FnMut(EventRef<'_>)) {
+        self.pending_cr = false;
+        if !self.partial.is_empty() {
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line, &mut each);
+        }
+        self.dispatch(&mut each);
+    }
+
+    fn line(&mut self, line: &[u8], each: &mut impl FnMut(EventRef<'_>)) {
         if line.is_empty() {
-            self.dispatch(out);
+            self.dispatch(each);
             return;
         }
         if line[0] == b':' {
             return;
         }
-        let (field, value) = match line.iter().position(|b| *b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
             }
             None => (line, &b""[..]),
         };
-        let value = String::from_utf8_lossy(value);
         match field {
             b"data" => {
                 if self.has_data {
-                    self.data.push('\n');
+                    self.data.push(b'\n');
                 }
-                self.data.push_str(&value);
+                self.data.extend_from_slice(value);
                 self.has_data = true;
             }
-            b"event" => self.event = Some(value.into_owned()),
+            b"event" => {
+                self.event.clear();
+                self.event.extend_from_slice(value);
+                self.has_event = true;
+            }
             _ => {}
         }
     }
 
-    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+    fn dispatch(&mut self, each: &mut impl FnMut(EventRef<'_>)) {
         if self.has_data {
-            out.push(SseEvent {
-                event: self.event.take(),
-                data: std::mem::take(&mut self.data),
+            let data = text(&self.data);
+            let event = self.has_event.then(|| text(&self.event));
+            each(EventRef {
+                event: event.as_deref(),
+                data: &data,
             });
         }
-        self.event = None;
+        self.data.clear();
         self.has_data = false;
+        self.event.clear();
+        self.has_event = false;
+    }
+}
+
+/// Bytes as text, invalid UTF-8 replaced as a browser's decoder replaces it. Lines end at
+/// ASCII bytes, so replacing in data joined from several lines gives what replacing line by
+/// line would. Valid text, nearly all of it, is checked by the standard library's word-at-a-
+/// time check; the lossy conversion goes byte by byte, several times slower.
+fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 

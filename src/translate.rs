@@ -25,7 +25,7 @@ use crate::body::BoxError;
 use crate::config::{HostedTools, Protocol, Target, ThinkingStyle};
 use crate::error::GatewayError;
 use crate::ir::{self, Event};
-use crate::sse::{SseDecoder, SseEvent};
+use crate::sse::{EventRef, SseDecoder};
 
 /// How long an Anthropic client may wait without a byte before it gets a `ping`.
 pub const PING_INTERVAL: Duration = Duration::from_secs(10);
@@ -432,7 +432,7 @@ pub enum StreamDecoder {
 }
 
 impl StreamDecoder {
-    pub fn decode(&mut self, ev: &SseEvent, out: &mut Vec<Event>) {
+    pub fn decode(&mut self, ev: EventRef<'_>, out: &mut Vec<Event>) {
         match self {
             Self::Chat(d) => d.decode(ev, out),
             Self::Messages(d) => d.decode(ev, out),
@@ -467,9 +467,15 @@ pub const DEFAULT_MAX_EVENT: usize = 16 * 1024 * 1024;
 #[derive(Debug)]
 pub struct StreamTranslator {
     sse: SseDecoder,
+    events: Translating,
+}
+
+/// What a stream translation does with each upstream event, apart from cutting the bytes into
+/// events: decode it, put tool calls in order, encode it for the client.
+#[derive(Debug)]
+struct Translating {
     decoder: StreamDecoder,
     encoder: StreamEncoder,
-    events: Vec<SseEvent>,
     ir: Vec<Event>,
     /// Present when the client protocol needs tool calls one after another (messages, responses).
     sequencer: Option<ToolSequencer>,
@@ -482,13 +488,14 @@ impl StreamTranslator {
     pub fn new(t: &Translation) -> Self {
         Self {
             sse: SseDecoder::with_limit(DEFAULT_MAX_EVENT),
-            decoder: t.stream_decoder(),
-            encoder: t.stream_encoder(),
-            events: Vec::new(),
-            ir: Vec::new(),
-            sequencer: (t.client != Protocol::Chat).then(ToolSequencer::default),
-            sequenced: Vec::new(),
-            ended: false,
+            events: Translating {
+                decoder: t.stream_decoder(),
+                encoder: t.stream_encoder(),
+                ir: Vec::new(),
+                sequencer: (t.client != Protocol::Chat).then(ToolSequencer::default),
+                sequenced: Vec::new(),
+                ended: false,
+            },
         }
     }
 
@@ -501,13 +508,12 @@ impl StreamTranslator {
 
     /// Feeds upstream bytes; returns the client bytes they produce (possibly none).
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
-        if self.ended {
+        if self.events.ended {
             return;
         }
-        let fed = self.sse.feed(bytes, &mut self.events);
-        self.drain(out);
+        let events = &mut self.events;
+        let fed = self.sse.feed_with(bytes, |ev| events.translate(ev, out));
         if let Err(e) = fed {
-            self.events.clear();
             self.fail(
                 ir::ErrorInfo {
                     status: 502,
@@ -521,9 +527,9 @@ impl StreamTranslator {
 
     /// The upstream body ended; a stream that never reached its terminal event is reported as broken.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        self.sse.finish(&mut self.events);
-        self.drain(out);
-        if !self.ended {
+        let events = &mut self.events;
+        self.sse.finish_with(|ev| events.translate(ev, out));
+        if !self.events.ended {
             self.fail(
                 ir::ErrorInfo {
                     status: 502,
@@ -537,41 +543,40 @@ impl StreamTranslator {
 
     /// Reports a failure (transport error, idle timeout) in the client's protocol and ends the stream.
     pub fn fail(&mut self, e: ir::ErrorInfo, out: &mut Vec<u8>) {
-        if !self.ended {
-            self.ended = true;
-            self.encoder.encode(Event::Error(e), out);
+        if !self.events.ended {
+            self.events.ended = true;
+            self.events.encoder.encode(Event::Error(e), out);
         }
     }
 
     pub fn ended(&self) -> bool {
-        self.ended
+        self.events.ended
     }
+}
 
-    fn drain(&mut self, out: &mut Vec<u8>) {
-        for ev in self.events.drain(..) {
+impl Translating {
+    fn translate(&mut self, ev: EventRef<'_>, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        self.decoder.decode(ev, &mut self.ir);
+        let events = match &mut self.sequencer {
+            Some(seq) => {
+                for e in self.ir.drain(..) {
+                    seq.push(e, &mut self.sequenced);
+                }
+                &mut self.sequenced
+            }
+            None => &mut self.ir,
+        };
+        for e in events.drain(..) {
             if self.ended {
                 break;
             }
-            self.decoder.decode(&ev, &mut self.ir);
-            let events = match &mut self.sequencer {
-                Some(seq) => {
-                    for e in self.ir.drain(..) {
-                        seq.push(e, &mut self.sequenced);
-                    }
-                    &mut self.sequenced
-                }
-                None => &mut self.ir,
-            };
-            for e in events.drain(..) {
-                if self.ended {
-                    break;
-                }
-                let terminal = matches!(e, Event::End | Event::Error(_));
-                self.encoder.encode(e, out);
-                self.ended |= terminal;
-            }
+            let terminal = matches!(e, Event::End | Event::Error(_));
+            self.encoder.encode(e, out);
+            self.ended |= terminal;
         }
-        self.events.clear();
     }
 }
 

@@ -53,6 +53,48 @@ fn a_cr_lf_split_across_feeds_is_one_line_end() {
 }
 
 #[test]
+fn an_event_name_belongs_to_its_own_event_only() {
+    // A name without data is dropped with its event; the next event has no name of its own.
+    let text = b"event: a\ndata: 1\n\nevent: lost\n\ndata: 2\n\nevent: b\ndata: 3\n\n";
+    let want = vec![ev(Some("a"), "1"), ev(None, "2"), ev(Some("b"), "3")];
+    assert_eq!(decode_all(&[text]), want);
+}
+
+#[test]
+fn invalid_utf8_is_replaced_however_the_bytes_are_split() {
+    // A two-byte character cut between feeds is whole again; a lone continuation byte and a
+    // character cut by its line end are each one replacement character.
+    let mut bytes = b"data: \xc3".to_vec();
+    bytes.extend_from_slice(b"\xa9 \x80|\xc3\ndata: x\n\n");
+    let whole = decode_all(&[&bytes]);
+    assert_eq!(whole, vec![ev(None, "\u{e9} \u{fffd}|\u{fffd}\nx")]);
+    for cut in 0..=bytes.len() {
+        assert_eq!(
+            decode_all(&[&bytes[..cut], &bytes[cut..]]),
+            whole,
+            "cut at {cut}"
+        );
+    }
+}
+
+#[test]
+fn events_are_handed_over_borrowed_one_by_one() {
+    let mut d = SseDecoder::new();
+    let mut seen = Vec::new();
+    d.feed_with(b"event: a\ndata: 1\n\ndata: 2\n", |e| {
+        seen.push(format!("{:?}={}", e.event, e.data))
+    })
+    .unwrap();
+    assert_eq!(seen, ["Some(\"a\")=1"]);
+    d.feed_with(b"data: 3\n\n", |e| {
+        seen.push(format!("{:?}={}", e.event, e.data))
+    })
+    .unwrap();
+    d.finish_with(|e| seen.push(format!("{:?}={}", e.event, e.data)));
+    assert_eq!(seen, ["Some(\"a\")=1", "None=2\n3"]);
+}
+
+#[test]
 fn unterminated_final_event_is_dispatched_at_finish() {
     assert_eq!(decode_all(&[b"data: tail"]), vec![ev(None, "tail")]);
 }
@@ -128,8 +170,8 @@ fn an_event_over_the_limit_is_refused_and_one_within_it_is_not() {
 
 #[test]
 fn a_long_line_fed_in_small_pieces_is_searched_once() {
-    // 4 MiB in 1-byte-apart feeds of 4 KiB: quadratic rescanning would be ~2 G byte checks;
-    // the decoder keeps its scan position, so this stays a linear pass.
+    // 4 MiB in feeds of 4 KiB: quadratic rescanning would be ~2 G byte checks; the decoder
+    // keeps only the open line, never searched again, so this stays a linear pass.
     let mut d = SseDecoder::new();
     let mut out = Vec::new();
     d.feed(b"data: ", &mut out).unwrap();
@@ -137,11 +179,11 @@ fn a_long_line_fed_in_small_pieces_is_searched_once() {
     for _ in 0..1024 {
         d.feed(&piece, &mut out).unwrap();
     }
-    assert_eq!(d.scanned, d.buf.len());
+    assert_eq!(d.partial.len(), 6 + 4 * 1024 * 1024);
     d.feed(b"\n\n", &mut out).unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].data.len(), 4 * 1024 * 1024);
-    assert_eq!(d.scanned, 0);
+    assert!(d.partial.is_empty());
 }
 
 /// Event ends found by feeding `pieces`, as offsets in the whole input.

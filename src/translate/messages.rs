@@ -65,11 +65,6 @@ pub(crate) fn usage_from(u: &Value, into: &mut Usage) {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
-    json!({"input_tokens": u.input, "output_tokens": u.output,
-        "cache_creation_input_tokens": u.cache_write, "cache_read_input_tokens": u.cache_read})
-}
-
 /// Reads a messages upstream's non-streamed reply; `json_mode` turns the JSON tool back into text.
 pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, GatewayError> {
     let mut content = Vec::new();

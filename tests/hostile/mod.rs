@@ -410,7 +410,9 @@ pub fn reference_held(bytes: &[u8], ends: &[usize]) -> Vec<(usize, usize)> {
             None => (line, &b""[..]),
         };
         if field == b"data" {
-            data += usize::from(has_data) + String::from_utf8_lossy(value).len();
+            // Counted as sent: the decoder keeps an event's data as the upstream's bytes and
+            // replaces invalid UTF-8 only when it hands the event over.
+            data += usize::from(has_data) + value.len();
             has_data = true;
         }
     }

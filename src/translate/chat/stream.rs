@@ -1,10 +1,11 @@
 //! Chat Completions streams: upstream chunks → IR events, and IR events → chunks for a chat client.
 
-use std::borrow::Cow;
-
-use serde::{Deserialize, Serialize};
+#[cfg(test)]
+use serde::Serialize;
 
 use super::*;
+use crate::json::write_json_str;
+use crate::translate::hand;
 
 // === streams: chat upstream chunks → IR events ===
 
@@ -15,74 +16,66 @@ pub struct StreamDecoder {
     tools: Vec<u64>,
 }
 
-/// A chat chunk as most upstreams send it, read without building a `Value` tree; anything that
-/// does not fit (a number where a string should be, say) falls back to the general reader.
-#[derive(Deserialize)]
-struct ChunkIn<'a> {
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(default)]
-    created: Option<u64>,
-    #[serde(borrow, default)]
-    choices: Vec<ChoiceIn<'a>>,
-    #[serde(default)]
-    usage: Option<Value>,
-    #[serde(default)]
-    error: Option<Value>,
+lax_struct! {
+    /// A chat chunk: the members the decoder reads, each as `Value`'s accessors would see it,
+    /// read by hand without building a `Value` tree.
+    struct Chunk<'a> {
+        id: Loose<'a>,
+        model: Loose<'a>,
+        created: Loose<'a>,
+        choices: Loose<'a, ChunkChoice<'a>>,
+        usage: RawText<'a>,
+        error: RawText<'a>,
+    }
 }
 
-#[derive(Deserialize)]
-struct ChoiceIn<'a> {
-    #[serde(borrow, default)]
-    delta: Option<DeltaIn<'a>>,
-    #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+lax_struct! {
+    struct ChunkChoice<'a> {
+        delta: Delta<'a>,
+        finish_reason: Loose<'a>,
+    }
 }
 
-#[derive(Deserialize)]
-struct DeltaIn<'a> {
-    #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    refusal: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolCallIn<'a>>>,
+lax_struct! {
+    struct Delta<'a> {
+        content: Loose<'a>,
+        refusal: Loose<'a>,
+        reasoning_content: Loose<'a>,
+        reasoning: Loose<'a>,
+        tool_calls: Loose<'a, CallDelta<'a>>,
+    }
 }
 
-#[derive(Deserialize)]
-struct ToolCallIn<'a> {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    function: Option<FunctionIn<'a>>,
+lax_struct! {
+    struct CallDelta<'a> {
+        index: Loose<'a>,
+        id: Loose<'a>,
+        function: FunctionDelta<'a>,
+    }
 }
 
-#[derive(Deserialize)]
-struct FunctionIn<'a> {
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
+lax_struct! {
+    struct FunctionDelta<'a> {
+        name: Loose<'a>,
+        arguments: Loose<'a>,
+    }
 }
 
 impl StreamDecoder {
-    pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
+    pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
         let data = ev.data.trim();
         if data.starts_with("[DONE]") {
             out.push(Event::End);
             return;
         }
-        match serde_json::from_str::<ChunkIn<'_>>(data) {
-            Ok(chunk) => self.decode_typed(chunk, out),
-            Err(_) => self.decode_value(data, out),
+        let chunk = hand::object::<Chunk<'_>>(data)
+            .or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok());
+        match chunk {
+            // An error chunk is rare, and read whole for everything it says.
+            Some(chunk) if chunk.error.0.is_none_or(|e| e == "null") => {
+                self.decode_chunk(&chunk, out);
+            }
+            _ => self.decode_value(data, out),
         }
     }
 
@@ -96,62 +89,66 @@ impl StreamDecoder {
         }
     }
 
-    fn decode_typed(&mut self, chunk: ChunkIn<'_>, out: &mut Vec<Event>) {
-        if let Some(e) = chunk.error.filter(|e| !e.is_null()) {
-            out.push(Event::Error(error_from_body(500, &json!({ "error": e }))));
-            return;
-        }
+    fn decode_chunk(&mut self, chunk: &Chunk<'_>, out: &mut Vec<Event>) {
         if !self.started {
             self.started = true;
             out.push(Event::Start {
-                id: chunk.id.map(Cow::into_owned).unwrap_or_default(),
-                model: chunk.model.map(Cow::into_owned).unwrap_or_default(),
-                created: chunk.created.unwrap_or_else(ir::now_secs),
+                id: chunk.id.as_str().unwrap_or("").to_owned(),
+                model: chunk.model.as_str().unwrap_or("").to_owned(),
+                created: chunk.created.as_u64().unwrap_or_else(ir::now_secs),
             });
         }
-        if let Some(choice) = chunk.choices.into_iter().next() {
-            if let Some(delta) = choice.delta {
-                if let Some(r) = delta
-                    .reasoning_content
-                    .or(delta.reasoning)
-                    .filter(|r| !r.is_empty())
-                {
-                    out.push(Event::ReasoningDelta(r.into_owned()));
-                }
-                for t in [delta.content, delta.refusal].into_iter().flatten() {
-                    if !t.is_empty() {
-                        out.push(Event::TextDelta(t.into_owned()));
-                    }
-                }
-                for call in delta.tool_calls.into_iter().flatten() {
-                    let (index, new) = self.tool_index(call.index.unwrap_or(0));
-                    let (name, args) = match call.function {
-                        Some(f) => (f.name, f.arguments),
-                        None => (None, None),
-                    };
-                    if new {
-                        out.push(Event::ToolStart {
-                            index,
-                            id: call
-                                .id
-                                .map_or_else(|| ir::mint_id("call_"), Cow::into_owned),
-                            name: name.map(Cow::into_owned).unwrap_or_default(),
-                        });
-                    }
-                    if let Some(a) = args.filter(|a| !a.is_empty()) {
-                        out.push(Event::ToolArgs {
-                            index,
-                            fragment: a.into_owned(),
-                        });
-                    }
+        if let Some(choice) = chunk
+            .choices
+            .as_array()
+            .and_then(<[ChunkChoice<'_>]>::first)
+        {
+            let delta = &choice.delta;
+            // `reasoning_content` (DeepSeek, vLLM) when it is text, `reasoning` (OpenRouter,
+            // newer vLLM) otherwise.
+            let reasoning = delta
+                .reasoning_content
+                .as_str()
+                .or_else(|| delta.reasoning.as_str());
+            if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+                out.push(Event::ReasoningDelta(r.to_owned()));
+            }
+            for t in [&delta.content, &delta.refusal] {
+                if let Some(t) = t.as_str().filter(|t| !t.is_empty()) {
+                    out.push(Event::TextDelta(t.to_owned()));
                 }
             }
-            if let Some(reason) = choice.finish_reason {
-                out.push(Event::Finish(finish_from(Some(&reason))));
+            for call in delta.tool_calls.as_array().unwrap_or_default() {
+                let (index, new) = self.tool_index(call.index.as_u64().unwrap_or(0));
+                if new {
+                    out.push(Event::ToolStart {
+                        index,
+                        id: call
+                            .id
+                            .as_str()
+                            .map_or_else(|| ir::mint_id("call_"), str::to_owned),
+                        name: call.function.name.as_str().unwrap_or("").to_owned(),
+                    });
+                }
+                if let Some(a) = call.function.arguments.as_str().filter(|a| !a.is_empty()) {
+                    out.push(Event::ToolArgs {
+                        index,
+                        fragment: a.to_owned(),
+                    });
+                }
+            }
+            if let Some(reason) = choice.finish_reason.as_str() {
+                out.push(Event::Finish(finish_from(Some(reason))));
             }
         }
-        if let Some(u) = chunk.usage.filter(Value::is_object) {
-            out.push(Event::Usage(usage_from(&u)));
+        if let Some(counts) = chunk
+            .usage
+            .0
+            .and_then(|text| Counts::object_at(text.as_bytes()))
+        {
+            let mut usage = Usage::default();
+            counts.read_into(Protocol::Chat, &mut usage);
+            out.push(Event::Usage(usage));
         }
     }
 
@@ -247,7 +244,8 @@ impl StreamDecoder {
 
 // === streams: IR events → chat client chunks ===
 
-/// A chunk written straight from borrowed parts: the hot path builds no `Value` tree.
+/// A chunk as serde writes it: what [`StreamEncoder::chunk_with`] writes by hand.
+#[cfg(test)]
 #[derive(Serialize)]
 struct ChunkOut<'a, D> {
     id: &'a str,
@@ -260,6 +258,7 @@ struct ChunkOut<'a, D> {
     usage: bool,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ChoiceOut<'a, D> {
     index: u32,
@@ -268,32 +267,38 @@ struct ChoiceOut<'a, D> {
     finish_reason: Option<&'a str>,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ContentOut<'a> {
     content: &'a str,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ReasoningOut<'a> {
     reasoning_content: &'a str,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ToolCallsOut<'a> {
     tool_calls: [ToolArgsOut<'a>; 1],
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ToolArgsOut<'a> {
     index: usize,
     function: ArgsOut<'a>,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct ArgsOut<'a> {
     arguments: &'a str,
 }
 
+#[cfg(test)]
 fn null<S: serde::Serializer>(_: &bool, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_unit()
 }
@@ -308,6 +313,9 @@ pub struct StreamEncoder {
     finish: Option<Finish>,
     usage: Option<Usage>,
     done: bool,
+    /// Every chunk's bytes up to its delta (`data: {"id":…,"choices":[{"index":0,"delta":`),
+    /// the same for the whole stream: written once, copied into each chunk.
+    head: Vec<u8>,
 }
 
 impl StreamEncoder {
@@ -321,30 +329,73 @@ impl StreamEncoder {
             finish: None,
             usage: None,
             done: false,
+            head: Vec::new(),
         }
     }
 
-    fn chunk<D: Serialize>(&self, out: &mut Vec<u8>, delta: D, finish: Option<&str>) {
-        let c = ChunkOut {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices: [ChoiceOut {
-                index: 0,
-                delta,
-                logprobs: (),
-                finish_reason: finish,
-            }],
-            usage: self.include_usage,
-        };
-        sse::write_json_event(out, None, &c);
+    /// A chunk whose delta serde writes: the rare ones.
+    fn chunk(&mut self, out: &mut Vec<u8>, delta: &Value, finish: Option<&str>) {
+        self.chunk_with(
+            out,
+            |o| {
+                // Writing into a Vec cannot fail.
+                let _ = serde_json::to_writer(o, delta);
+            },
+            finish,
+        );
+    }
+
+    /// A chunk with the delta `delta` writes, byte for byte as serde writes [`ChunkOut`]: one
+    /// per token, the stream's hot path.
+    fn chunk_with(
+        &mut self,
+        out: &mut Vec<u8>,
+        delta: impl FnOnce(&mut Vec<u8>),
+        finish: Option<&str>,
+    ) {
+        if self.head.is_empty() {
+            let head = &mut self.head;
+            head.extend_from_slice(b"data: {\"id\":");
+            write_json_str(head, &self.id);
+            head.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+            head.extend_from_slice(itoa::Buffer::new().format(self.created).as_bytes());
+            head.extend_from_slice(b",\"model\":");
+            write_json_str(head, &self.model);
+            head.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
+        }
+        out.extend_from_slice(&self.head);
+        delta(out);
+        out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+        match finish {
+            Some(f) => write_json_str(out, f),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}]");
+        if self.include_usage {
+            // With include_usage, every chunk before the usage chunk carries `usage: null`
+            // (A.5 rule 5).
+            out.extend_from_slice(b",\"usage\":null");
+        }
+        out.extend_from_slice(b"}\n\n");
+    }
+
+    /// A one-member delta object, `{"<key>":<text>}`: `key` ends with its quote and colon.
+    fn text_chunk(&mut self, out: &mut Vec<u8>, key: &[u8], text: &str) {
+        self.chunk_with(
+            out,
+            |o| {
+                o.extend_from_slice(key);
+                write_json_str(o, text);
+                o.push(b'}');
+            },
+            None,
+        );
     }
 
     fn ensure_started(&mut self, out: &mut Vec<u8>) {
         if !self.started {
             self.started = true;
-            self.chunk(out, json!({"role": "assistant", "content": ""}), None);
+            self.chunk(out, &json!({"role": "assistant", "content": ""}), None);
         }
     }
 
@@ -358,53 +409,52 @@ impl StreamEncoder {
                     self.id = reprefix(&id, "chatcmpl-");
                 }
                 self.created = created;
+                self.head.clear();
                 self.ensure_started(out);
             }
             Event::ReasoningDelta(t) => {
                 self.ensure_started(out);
-                self.chunk(
-                    out,
-                    ReasoningOut {
-                        reasoning_content: &t,
-                    },
-                    None,
-                );
+                self.text_chunk(out, b"{\"reasoning_content\":", &t);
             }
             Event::ReasoningSignature(sig) => {
                 self.ensure_started(out);
-                self.chunk(out, json!({"thinking_blocks": [{"type": "thinking", "thinking": "", "signature": sig}]}), None);
+                self.chunk(out, &json!({"thinking_blocks": [{"type": "thinking", "thinking": "", "signature": sig}]}), None);
             }
             Event::RedactedReasoning(data) => {
                 self.ensure_started(out);
                 self.chunk(
                     out,
-                    json!({"thinking_blocks": [{"type": "redacted_thinking", "data": data}]}),
+                    &json!({"thinking_blocks": [{"type": "redacted_thinking", "data": data}]}),
                     None,
                 );
             }
             Event::TextDelta(t) => {
                 self.ensure_started(out);
-                self.chunk(out, ContentOut { content: &t }, None);
+                self.text_chunk(out, b"{\"content\":", &t);
             }
             Event::ToolStart { index, id, name } => {
                 self.ensure_started(out);
-                self.chunk(out, json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None);
+                self.chunk(out, &json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None);
             }
             Event::ToolArgs { index, fragment } => {
-                let call = ToolArgsOut {
-                    index,
-                    function: ArgsOut {
-                        arguments: &fragment,
+                self.chunk_with(
+                    out,
+                    |o| {
+                        o.extend_from_slice(b"{\"tool_calls\":[{\"index\":");
+                        o.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
+                        o.extend_from_slice(b",\"function\":{\"arguments\":");
+                        write_json_str(o, &fragment);
+                        o.extend_from_slice(b"}}]}");
                     },
-                };
-                self.chunk(out, ToolCallsOut { tool_calls: [call] }, None);
+                    None,
+                );
             }
             Event::Finish(f) => self.finish = Some(f),
             Event::Usage(u) => self.usage = Some(u),
             Event::End => {
                 self.ensure_started(out);
                 let f = self.finish.take().unwrap_or_default();
-                self.chunk(out, json!({}), Some(finish_name(&f)));
+                self.chunk(out, &json!({}), Some(finish_name(&f)));
                 if self.include_usage {
                     let u = self.usage.unwrap_or_default();
                     let c = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -420,5 +470,178 @@ impl StreamEncoder {
                 self.done = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use super::*;
+
+    const TEXTS: [&str; 5] = [
+        "",
+        "plain",
+        "quote \" backslash \\ slash / newline \n tab \t",
+        "control \u{1} \u{1f} del \u{7f}",
+        "é 日本 😀",
+    ];
+
+    /// The chunk serde writes for `delta`, as the encoder's `chunk_with` must write it.
+    fn serde_chunk<D: Serialize>(e: &StreamEncoder, delta: D, finish: Option<&str>) -> String {
+        let mut out = Vec::new();
+        sse::write_json_event(
+            &mut out,
+            None,
+            &ChunkOut {
+                id: &e.id,
+                object: "chat.completion.chunk",
+                created: e.created,
+                model: &e.model,
+                choices: [ChoiceOut {
+                    index: 0,
+                    delta,
+                    logprobs: (),
+                    finish_reason: finish,
+                }],
+                usage: e.include_usage,
+            },
+        );
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn chunks_written_by_hand_are_serdes_bytes() {
+        for include_usage in [false, true] {
+            for model in TEXTS {
+                let mut e = StreamEncoder::new(model, include_usage);
+                for (n, (id, created)) in [("", 0), ("chatcmpl-\"x\"", 1_700_000_000)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    // A start sets the id and time every later chunk repeats.
+                    let mut out = Vec::new();
+                    e.encode(
+                        Event::Start {
+                            id: id.into(),
+                            model: String::new(),
+                            created,
+                        },
+                        &mut out,
+                    );
+                    // Only the first start opens the stream with the role chunk.
+                    let first = serde_chunk(&e, json!({"role": "assistant", "content": ""}), None);
+                    let want = if n == 0 { first } else { String::new() };
+                    assert_eq!(String::from_utf8(out).unwrap(), want);
+                    for text in TEXTS {
+                        let mut out = Vec::new();
+                        e.encode(Event::TextDelta(text.into()), &mut out);
+                        let want = serde_chunk(&e, ContentOut { content: text }, None);
+                        assert_eq!(String::from_utf8(out).unwrap(), want);
+
+                        let mut out = Vec::new();
+                        e.encode(Event::ReasoningDelta(text.into()), &mut out);
+                        let want = serde_chunk(
+                            &e,
+                            ReasoningOut {
+                                reasoning_content: text,
+                            },
+                            None,
+                        );
+                        assert_eq!(String::from_utf8(out).unwrap(), want);
+
+                        for index in [0, 3, 12345] {
+                            let mut out = Vec::new();
+                            e.encode(
+                                Event::ToolArgs {
+                                    index,
+                                    fragment: text.into(),
+                                },
+                                &mut out,
+                            );
+                            let call = ToolArgsOut {
+                                index,
+                                function: ArgsOut { arguments: text },
+                            };
+                            let want = serde_chunk(&e, ToolCallsOut { tool_calls: [call] }, None);
+                            assert_eq!(String::from_utf8(out).unwrap(), want);
+                        }
+                    }
+                }
+                let mut out = Vec::new();
+                e.encode(Event::Finish(Finish::MaxTokens), &mut out);
+                e.encode(Event::End, &mut out);
+                let text = String::from_utf8(out).unwrap();
+                let want = serde_chunk(&e, json!({}), Some("length"));
+                assert!(text.starts_with(&want), "{text}");
+                assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            }
+        }
+    }
+
+    /// Chunks as upstreams write them, and oddities: each read by hand as serde reads it.
+    #[test]
+    fn chunks_are_read_by_hand_as_serde_reads_them() {
+        let chunks = [
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1795793584,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":null}]}"#,
+            r#"{"id":"c","choices":[{"delta":{"reasoning_content":null,"reasoning":"why \u00e9"},"finish_reason":"stop"}]}"#,
+            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":27,"completion_tokens":3,"total_tokens":30,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"{"id":5,"model":["x"],"created":1.5,"choices":{"delta":1},"usage":"none"}"#,
+            r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}],"choices":[{"delta":{"content":"last"}}]}"#,
+            r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+            r#" { "id" : "spaced" , "choices" : [ { "delta" : { "content" : "x" } } ] } "#,
+            "{\"choices\":[{\"delta\":{\"content\":\"tab\\t and \\\"quote\\\"\"}}]}",
+        ];
+        for text in chunks {
+            let by_hand = hand::object::<Chunk<'_>>(text.trim()).expect(text);
+            let by_serde = serde_json::from_str::<Chunk<'_>>(text).unwrap();
+            assert_eq!(format!("{by_hand:?}"), format!("{by_serde:?}"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_read_either_way_gives_the_same_events() {
+        let text = r#"{"id":"chatcmpl-1","created":7,"model":"m","choices":[{"delta":{"reasoning":"r","content":"c","refusal":"no","tool_calls":[{"index":2,"id":"call_9","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+        let mut d = StreamDecoder::default();
+        let mut events = Vec::new();
+        d.decode(
+            sse::EventRef {
+                event: None,
+                data: text,
+            },
+            &mut events,
+        );
+        let want = vec![
+            Event::Start {
+                id: "chatcmpl-1".into(),
+                model: "m".into(),
+                created: 7,
+            },
+            Event::ReasoningDelta("r".into()),
+            Event::TextDelta("c".into()),
+            Event::TextDelta("no".into()),
+            Event::ToolStart {
+                index: 0,
+                id: "call_9".into(),
+                name: "f".into(),
+            },
+            Event::ToolArgs {
+                index: 0,
+                fragment: "{}".into(),
+            },
+            Event::Finish(Finish::ToolUse),
+            Event::Usage(Usage {
+                input: 5,
+                output: 2,
+                ..Usage::default()
+            }),
+        ];
+        assert_eq!(events, want);
+        // The general reader, which error chunks and text that is not JSON take, agrees.
+        let mut d = StreamDecoder::default();
+        let mut general = Vec::new();
+        d.decode_value(text, &mut general);
+        assert_eq!(general, want);
     }
 }

@@ -77,9 +77,9 @@ impl StreamDecoder {
         }
     }
 
-    pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
-        if ev.event.as_deref() == Some("content_block_delta") {
-            if let Ok(d) = serde_json::from_str::<BlockDeltaIn<'_>>(&ev.data) {
+    pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
+        if ev.event == Some("content_block_delta") {
+            if let Ok(d) = serde_json::from_str::<BlockDeltaIn<'_>>(ev.data) {
                 let value = [
                     d.delta.text,
                     d.delta.thinking,
@@ -95,7 +95,7 @@ impl StreamDecoder {
                 return;
             }
         }
-        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+        let Ok(v) = serde_json::from_str::<Value>(ev.data) else {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
                 message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
@@ -106,7 +106,7 @@ impl StreamDecoder {
         let kind = v
             .get("type")
             .and_then(Value::as_str)
-            .or(ev.event.as_deref())
+            .or(ev.event)
             .unwrap_or("");
         match kind {
             "message_start" => {
@@ -202,7 +202,8 @@ impl StreamDecoder {
 
 // === streams: IR events → messages client events ===
 
-/// `content_block_delta`, written from borrowed parts without a `Value` tree.
+/// `content_block_delta` as serde writes it: what [`StreamEncoder::delta_at`] writes by hand.
+#[cfg(test)]
 #[derive(Serialize)]
 struct BlockDeltaOut<'a> {
     #[serde(rename = "type")]
@@ -211,7 +212,7 @@ struct BlockDeltaOut<'a> {
     delta: DeltaOut<'a>,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Copy, Serialize)]
 #[serde(tag = "type")]
 enum DeltaOut<'a> {
     #[serde(rename = "text_delta")]
@@ -222,6 +223,114 @@ enum DeltaOut<'a> {
     Signature { signature: &'a str },
     #[serde(rename = "input_json_delta")]
     InputJson { partial_json: &'a str },
+}
+
+/// `content_block_start`'s block: empty, its content following in deltas (or whole, when
+/// redacted).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockOut<'a> {
+    Thinking {
+        thinking: &'static str,
+        signature: &'static str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
+    Text {
+        text: &'static str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Empty,
+    },
+}
+
+/// `{}`.
+#[derive(Serialize)]
+struct Empty {}
+
+/// A stream's events other than the deltas: few per stream, written without a `Value` tree.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum FrameOut<'a> {
+    MessageStart {
+        message: StartOut<'a>,
+    },
+    ContentBlockStart {
+        index: u64,
+        content_block: BlockOut<'a>,
+    },
+    ContentBlockStop {
+        index: u64,
+    },
+    MessageDelta {
+        delta: StopOut<'a>,
+        usage: UsageOut,
+    },
+    MessageStop,
+}
+
+impl FrameOut<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::MessageStart { .. } => "message_start",
+            Self::ContentBlockStart { .. } => "content_block_start",
+            Self::ContentBlockStop { .. } => "content_block_stop",
+            Self::MessageDelta { .. } => "message_delta",
+            Self::MessageStop => "message_stop",
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        sse::write_json_event(out, Some(self.name()), self);
+    }
+}
+
+/// `message_start`'s message: nothing generated yet.
+#[derive(Serialize)]
+struct StartOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: [(); 0],
+    stop_reason: Option<()>,
+    stop_sequence: Option<()>,
+    usage: StartUsageOut,
+}
+
+#[derive(Serialize)]
+struct StartUsageOut {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct StopOut<'a> {
+    stop_reason: &'static str,
+    stop_sequence: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_creation_input_tokens: u64,
+    cache_read_input_tokens: u64,
+}
+
+impl From<&Usage> for UsageOut {
+    fn from(u: &Usage) -> Self {
+        Self {
+            input_tokens: u.input,
+            output_tokens: u.output,
+            cache_creation_input_tokens: u.cache_write,
+            cache_read_input_tokens: u.cache_read,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,24 +378,41 @@ impl StreamEncoder {
         } else {
             reprefix(id, "msg_")
         };
-        let ev = json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
-            "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": self.usage.input, "output_tokens": 0}}});
-        sse::write_json_event(out, Some("message_start"), &ev);
+        FrameOut::MessageStart {
+            message: StartOut {
+                id: &id,
+                kind: "message",
+                role: "assistant",
+                model: &self.model,
+                content: [],
+                stop_reason: None,
+                stop_sequence: None,
+                usage: StartUsageOut {
+                    input_tokens: self.usage.input,
+                    output_tokens: 0,
+                },
+            },
+        }
+        .write(out);
     }
 
     fn close(&mut self, out: &mut Vec<u8>) {
         if self.open != Open::None {
-            let ev = json!({"type": "content_block_stop", "index": self.next_block - 1});
-            sse::write_json_event(out, Some("content_block_stop"), &ev);
+            FrameOut::ContentBlockStop {
+                index: self.next_block - 1,
+            }
+            .write(out);
             self.open = Open::None;
         }
     }
 
-    fn open(&mut self, kind: Open, block: Value, out: &mut Vec<u8>) {
+    fn open(&mut self, kind: Open, block: BlockOut<'_>, out: &mut Vec<u8>) {
         self.close(out);
-        let ev = json!({"type": "content_block_start", "index": self.next_block, "content_block": block});
-        sse::write_json_event(out, Some("content_block_start"), &ev);
+        FrameOut::ContentBlockStart {
+            index: self.next_block,
+            content_block: block,
+        }
+        .write(out);
         self.next_block += 1;
         self.open = kind;
     }
@@ -295,13 +421,24 @@ impl StreamEncoder {
         self.delta_at(self.next_block - 1, delta, out);
     }
 
+    /// Written by hand, as serde writes [`BlockDeltaOut`]: one per token, the stream's hot path.
     fn delta_at(&self, block: u64, delta: DeltaOut<'_>, out: &mut Vec<u8>) {
-        let ev = BlockDeltaOut {
-            kind: "content_block_delta",
-            index: block,
-            delta,
+        let (kind, text): (&[u8], &str) = match delta {
+            DeltaOut::Text { text } => (b"text_delta\",\"text\":", text),
+            DeltaOut::Thinking { thinking } => (b"thinking_delta\",\"thinking\":", thinking),
+            DeltaOut::Signature { signature } => (b"signature_delta\",\"signature\":", signature),
+            DeltaOut::InputJson { partial_json } => {
+                (b"input_json_delta\",\"partial_json\":", partial_json)
+            }
         };
-        sse::write_json_event(out, Some("content_block_delta"), &ev);
+        out.extend_from_slice(
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
+        );
+        out.extend_from_slice(itoa::Buffer::new().format(block).as_bytes());
+        out.extend_from_slice(b",\"delta\":{\"type\":\"");
+        out.extend_from_slice(kind);
+        crate::json::write_json_str(out, text);
+        out.extend_from_slice(b"}}\n\n");
     }
 
     pub fn encode(&mut self, ev: Event, out: &mut Vec<u8>) {
@@ -317,7 +454,10 @@ impl StreamEncoder {
                 if self.open != Open::Thinking {
                     self.open(
                         Open::Thinking,
-                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        BlockOut::Thinking {
+                            thinking: "",
+                            signature: "",
+                        },
                         out,
                     );
                 }
@@ -327,7 +467,10 @@ impl StreamEncoder {
                 if self.open != Open::Thinking {
                     self.open(
                         Open::Thinking,
-                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        BlockOut::Thinking {
+                            thinking: "",
+                            signature: "",
+                        },
                         out,
                     );
                 }
@@ -336,14 +479,14 @@ impl StreamEncoder {
             Event::RedactedReasoning(data) => {
                 self.open(
                     Open::Thinking,
-                    json!({"type": "redacted_thinking", "data": data}),
+                    BlockOut::RedactedThinking { data: &data },
                     out,
                 );
                 self.close(out);
             }
             Event::TextDelta(t) => {
                 if self.open != Open::Text {
-                    self.open(Open::Text, json!({"type": "text", "text": ""}), out);
+                    self.open(Open::Text, BlockOut::Text { text: "" }, out);
                 }
                 self.delta(DeltaOut::Text { text: &t }, out);
             }
@@ -351,7 +494,11 @@ impl StreamEncoder {
                 self.tool_blocks.push((index, self.next_block));
                 self.open(
                     Open::Tool(index),
-                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    BlockOut::ToolUse {
+                        id: &id,
+                        name: &name,
+                        input: Empty {},
+                    },
                     out,
                 );
             }
@@ -379,18 +526,70 @@ impl StreamEncoder {
                 self.close(out);
                 let f = self.finish.take().unwrap_or_default();
                 let stop_sequence = match &f {
-                    Finish::StopSequence(s) => json!(s),
-                    _ => Value::Null,
+                    Finish::StopSequence(s) => s.as_deref(),
+                    _ => None,
                 };
-                let ev = json!({"type": "message_delta", "delta": {"stop_reason": finish_name(&f), "stop_sequence": stop_sequence},
-                    "usage": usage_json(&self.usage)});
-                sse::write_json_event(out, Some("message_delta"), &ev);
-                sse::write_json_event(out, Some("message_stop"), &json!({"type": "message_stop"}));
+                FrameOut::MessageDelta {
+                    delta: StopOut {
+                        stop_reason: finish_name(&f),
+                        stop_sequence,
+                    },
+                    usage: UsageOut::from(&self.usage),
+                }
+                .write(out);
+                FrameOut::MessageStop.write(out);
                 self.done = true;
             }
             Event::Error(e) => {
                 sse::write_json_event(out, Some("error"), &error_body(&e));
                 self.done = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn deltas_written_by_hand_are_serdes_bytes() {
+        let enc = StreamEncoder::new("m");
+        let texts = [
+            "",
+            "plain",
+            "quote \" backslash \\ slash / newline \n tab \t",
+            "control \u{1} \u{1f} del \u{7f}",
+            "é 日本 😀",
+        ];
+        for text in texts {
+            for block in [0, 7, 12345] {
+                let deltas = [
+                    DeltaOut::Text { text },
+                    DeltaOut::Thinking { thinking: text },
+                    DeltaOut::Signature { signature: text },
+                    DeltaOut::InputJson { partial_json: text },
+                ];
+                for delta in deltas {
+                    let mut want = Vec::new();
+                    sse::write_json_event(
+                        &mut want,
+                        Some("content_block_delta"),
+                        &BlockDeltaOut {
+                            kind: "content_block_delta",
+                            index: block,
+                            delta,
+                        },
+                    );
+                    let mut got = Vec::new();
+                    enc.delta_at(block, delta, &mut got);
+                    assert_eq!(
+                        String::from_utf8(got).unwrap(),
+                        String::from_utf8(want).unwrap()
+                    );
+                }
             }
         }
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::json::write::Object;
 
 #[derive(Deserialize)]
 struct DeltaIn<'a> {
@@ -16,7 +17,7 @@ struct DeltaIn<'a> {
 }
 
 /// A `*.delta` event written from borrowed parts without a `Value` tree.
-#[derive(Serialize)]
+#[derive(Clone, Copy, Serialize)]
 struct DeltaOut<'a> {
     #[serde(rename = "type")]
     kind: &'a str,
@@ -33,8 +34,25 @@ struct DeltaOut<'a> {
 }
 
 impl DeltaOut<'_> {
+    /// Written member by member, byte for byte as serde writes it: one per token, the
+    /// stream's hot path.
     fn write(&self, out: &mut Vec<u8>) {
-        sse::write_json_event(out, Some(self.kind), self);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(self.kind.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        let mut o = Object::open(out);
+        o.str("type", self.kind);
+        o.some_u64("sequence_number", Some(self.sequence_number));
+        o.str("item_id", self.item_id);
+        o.some_u64("output_index", u64::try_from(self.output_index).ok());
+        o.some_u64("content_index", self.content_index.map(u64::from));
+        o.some_u64("summary_index", self.summary_index.map(u64::from));
+        o.str("delta", self.delta);
+        if self.logprobs.is_some() {
+            o.key("logprobs").extend_from_slice(b"[]");
+        }
+        o.close();
+        out.extend_from_slice(b"\n\n");
     }
 }
 
@@ -62,7 +80,7 @@ impl StreamDecoder {
         k
     }
 
-    pub fn decode(&mut self, ev: &sse::SseEvent, out: &mut Vec<Event>) {
+    pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
         if ev.data.trim_start().starts_with("[DONE]") {
             return; // some proxies append it; the terminal event already ended the stream
         }
@@ -73,9 +91,9 @@ impl StreamDecoder {
             | "response.reasoning_summary_text.delta"
             | "response.reasoning_text.delta"
             | "response.function_call_arguments.delta"),
-        ) = ev.event.as_deref()
+        ) = ev.event
         {
-            if let Ok(d) = serde_json::from_str::<DeltaIn<'_>>(&ev.data) {
+            if let Ok(d) = serde_json::from_str::<DeltaIn<'_>>(ev.data) {
                 let delta = d.delta.into_owned();
                 match kind {
                     "response.function_call_arguments.delta" => {
@@ -96,7 +114,7 @@ impl StreamDecoder {
                 return;
             }
         }
-        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+        let Ok(v) = serde_json::from_str::<Value>(ev.data) else {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
                 message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
@@ -107,7 +125,7 @@ impl StreamDecoder {
         let kind = v
             .get("type")
             .and_then(Value::as_str)
-            .or(ev.event.as_deref())
+            .or(ev.event)
             .unwrap_or("");
         let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         match kind {
@@ -561,6 +579,50 @@ impl StreamEncoder {
                 );
                 self.emit(out, "response.failed", json!({"response": r}));
                 self.done = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn deltas_written_by_hand_are_serdes_bytes() {
+        let texts = [
+            "",
+            "plain",
+            "quote \" backslash \\ slash / newline \n tab \t",
+            "control \u{1} \u{1f} del \u{7f}",
+            "é 日本 😀",
+        ];
+        for text in texts {
+            for (content_index, summary_index, logprobs) in [
+                (Some(0), None, Some([])),
+                (None, Some(3), None),
+                (None, None, None),
+            ] {
+                let d = DeltaOut {
+                    kind: "response.output_text.delta",
+                    sequence_number: 12345,
+                    item_id: text,
+                    output_index: 7,
+                    content_index,
+                    summary_index,
+                    delta: text,
+                    logprobs,
+                };
+                let mut want = Vec::new();
+                sse::write_json_event(&mut want, Some(d.kind), &d);
+                let mut got = Vec::new();
+                d.write(&mut got);
+                assert_eq!(
+                    String::from_utf8(got).unwrap(),
+                    String::from_utf8(want).unwrap()
+                );
             }
         }
     }
