@@ -8,6 +8,8 @@ key=sk-benchbed-local-only-0123456789abcdef0123456789abcdef
 # The benchbed's S1 chat request, and its S3 messages request (translated to a chat upstream).
 chat_body='{"model":"mock-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in five words."}],"max_tokens":64,"temperature":0}'
 messages_body='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}'
+# The same question as an OpenAI Responses request (translated to the chat upstream).
+responses_body='{"model":"mock-gpt","max_output_tokens":64,"instructions":"You are terse.","input":"Say hello in five words."}'
 
 # A body with "stream":true added as its last member.
 streamed() { printf '%s' "${1%\}},\"stream\":true}"; }

@@ -3,9 +3,10 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream] [N]
+#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses-stream] [N]
 # (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream;
-# messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's)
+# messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's;
+# responses-stream: the same question as a streamed Responses request, translated likewise)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
 set -euo pipefail
@@ -26,6 +27,7 @@ path=/v1/chat/completions
 case $kind in
     messages) body=$messages_body path=/v1/messages ;;
     messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
+    responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;
 esac
 count() {
     local reqs=$1 out="$work/cg.$1.out"

@@ -12,7 +12,7 @@
 //! its whole history and no `previous_response_id` at all.
 
 use std::future::Future as _;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use crate::body::{self, Body, BoxError};
 use crate::config::StoreSettings;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json::RawObject;
-use crate::sse::{SseDecoder, SseEvent};
+use crate::sse::{EventRef, SseDecoder};
 use crate::store::{RedisStore, StoreError};
 
 /// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
@@ -501,7 +501,6 @@ pub async fn finish(
 struct Tap {
     inner: Body,
     decoder: SseDecoder,
-    events: Vec<SseEvent>,
     job: Option<Job>,
     waiting: Option<(oneshot::Receiver<()>, Frame<Bytes>)>,
 }
@@ -511,7 +510,6 @@ impl Tap {
         Self {
             inner,
             decoder: SseDecoder::with_limit(max_event),
-            events: Vec::new(),
             job: Some(job),
             waiting: None,
         }
@@ -525,12 +523,19 @@ const TERMINAL: [&str; 3] = [
 ];
 
 /// The response object of a terminal event, if `ev` is one.
-fn terminal(ev: &SseEvent) -> Option<Value> {
-    let named = ev.event.as_deref().is_some_and(|e| TERMINAL.contains(&e));
-    if !named && !TERMINAL.iter().any(|t| ev.data.contains(t)) {
+fn terminal(ev: EventRef<'_>) -> Option<Value> {
+    // Every event passes here, deltas by the hundred: one search rules out all that carry no
+    // response object, before the names are looked for.
+    static RESPONSE_KEY: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(b"\"response\""));
+    let named = ev.event.is_some_and(|e| TERMINAL.contains(&e));
+    if !named
+        && (RESPONSE_KEY.find(ev.data.as_bytes()).is_none()
+            || !TERMINAL.iter().any(|t| ev.data.contains(t)))
+    {
         return None;
     }
-    let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+    let mut v: Value = serde_json::from_str(ev.data).ok()?;
     let kind = v.get("type").and_then(Value::as_str)?;
     if !TERMINAL.contains(&kind) {
         return None;
@@ -559,12 +564,16 @@ impl HttpBody for Tap {
             other => return Poll::Ready(other),
         };
         if let (Some(data), true) = (frame.data_ref(), this.job.is_some()) {
-            this.events.clear();
-            if this.decoder.feed(data, &mut this.events).is_err() {
+            let mut response = None;
+            let fed = this.decoder.feed_with(data, |ev| {
+                if response.is_none() {
+                    response = terminal(ev);
+                }
+            });
+            if fed.is_err() {
                 // Too large to read: the stream still flows, unstored.
                 this.job = None;
             }
-            let response = this.events.iter().find_map(terminal);
             if let Some(response) = response {
                 if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
                     this.waiting = Some((rx, frame));
@@ -676,4 +685,51 @@ pub fn not_found(id: &str) -> GatewayError {
 /// A store failure on the read path, without the store's details.
 pub fn unavailable(e: &StoreError) -> GatewayError {
     store_failed(e)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+    use super::*;
+
+    fn ev<'a>(event: Option<&'a str>, data: &'a str) -> EventRef<'a> {
+        EventRef { event, data }
+    }
+
+    #[test]
+    fn only_a_terminal_event_gives_its_response() {
+        let done = r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","status":"completed"}}"#;
+        let want = json!({"id": "resp_1", "status": "completed"});
+        // Named or not, whatever the order of its members.
+        assert_eq!(
+            terminal(ev(Some("response.completed"), done)),
+            Some(want.clone())
+        );
+        assert_eq!(terminal(ev(None, done)), Some(want.clone()));
+        let reordered =
+            r#"{"response": {"id":"resp_1","status":"completed"}, "type": "response.completed"}"#;
+        assert_eq!(terminal(ev(Some("message"), reordered)), Some(want));
+        for kind in ["response.incomplete", "response.failed"] {
+            let data = format!(r#"{{"type":"{kind}","response":{{"id":"r"}}}}"#);
+            assert_eq!(
+                terminal(ev(None, &data)),
+                Some(json!({"id": "r"})),
+                "{kind}"
+            );
+        }
+        // Not terminal: a delta that names a terminal type in its text, a response event that
+        // is not the last, an event that is not JSON.
+        let delta = r#"{"type":"response.output_text.delta","delta":"\"response.completed\""}"#;
+        assert_eq!(
+            terminal(ev(Some("response.output_text.delta"), delta)),
+            None
+        );
+        let created = r#"{"type":"response.created","response":{"id":"r","status":"in_progress","x":"response.completed"}}"#;
+        assert_eq!(terminal(ev(Some("response.created"), created)), None);
+        assert_eq!(
+            terminal(ev(Some("response.completed"), "response.completed")),
+            None
+        );
+    }
 }

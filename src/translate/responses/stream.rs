@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::json::write::Object;
+use crate::json::write_json_str;
 
 #[derive(Deserialize)]
 struct DeltaIn<'a> {
@@ -279,11 +280,46 @@ impl StreamEncoder {
         }
     }
 
-    fn emit(&mut self, out: &mut Vec<u8>, kind: &str, mut payload: Value) {
-        payload["type"] = json!(kind);
-        payload["sequence_number"] = json!(self.seq);
+    /// Writes the event `kind` with the members of the object `payload` after its `type` and
+    /// `sequence_number`, without putting them into the `Value` first.
+    fn emit(&mut self, out: &mut Vec<u8>, kind: &str, payload: Value) {
+        self.emit_with(out, kind, |o| {
+            // Writing into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *o, &payload);
+        });
+    }
+
+    /// [`emit`](Self::emit) for the payload `{"response": <bytes>}`, the response object
+    /// already written.
+    fn emit_response(&mut self, out: &mut Vec<u8>, kind: &str, response: &[u8]) {
+        self.emit_with(out, kind, |o| {
+            o.extend_from_slice(b"{\"response\":");
+            o.extend_from_slice(response);
+            o.push(b'}');
+        });
+    }
+
+    /// The event `kind`: `payload` writes a JSON object, whose members follow `type` and
+    /// `sequence_number`.
+    fn emit_with(&mut self, out: &mut Vec<u8>, kind: &str, payload: impl FnOnce(&mut Vec<u8>)) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: {\"type\":");
+        write_json_str(out, kind);
+        out.extend_from_slice(b",\"sequence_number\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.seq).as_bytes());
         self.seq += 1;
-        sse::write_json_event(out, Some(kind), &payload);
+        let at = out.len();
+        payload(out);
+        // The payload's own braces go: its `{` joins its members to the two above (an empty
+        // object leaves only its `}`).
+        if out.get(at..) == Some(b"{}") {
+            out.truncate(at);
+        } else if out.get(at) == Some(&b'{') {
+            out[at] = b',';
+            out.truncate(out.len() - 1);
+        }
+        out.extend_from_slice(b"}\n\n");
     }
 
     fn object(&self, status: &str) -> Value {
@@ -305,10 +341,10 @@ impl StreamEncoder {
     fn start(&mut self, out: &mut Vec<u8>) {
         if !self.started {
             self.started = true;
-            let r = self.object("in_progress");
-            self.emit(out, "response.created", json!({"response": r}));
-            let r = self.object("in_progress");
-            self.emit(out, "response.in_progress", json!({"response": r}));
+            // The same object twice: written once.
+            let r = serde_json::to_vec(&self.object("in_progress")).unwrap_or_default();
+            self.emit_response(out, "response.created", &r);
+            self.emit_response(out, "response.in_progress", &r);
         }
     }
 
@@ -554,13 +590,13 @@ impl StreamEncoder {
                 let f = self.finish.clone().unwrap_or_default();
                 let status = status_of(&f);
                 self.close_as(out, status);
-                let r = self.object(status);
+                let r = serde_json::to_vec(&self.object(status)).unwrap_or_default();
                 let kind = if status == "completed" {
                     "response.completed"
                 } else {
                     "response.incomplete"
                 };
-                self.emit(out, kind, json!({"response": r}));
+                self.emit_response(out, kind, &r);
                 self.done = true;
             }
             Event::Error(e) => {
@@ -589,6 +625,42 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
     use super::*;
+
+    #[test]
+    fn events_carry_their_type_and_number_first_then_the_payloads_members() {
+        let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
+        let mut out = Vec::new();
+        e.emit(&mut out, "a", json!({}));
+        e.emit(&mut out, "b", json!({"x": [1, {"y": "}"}], "z": null}));
+        e.emit_response(&mut out, "c", br#"{"id":"r"}"#);
+        let text = String::from_utf8(out).unwrap();
+        let mut events = Vec::new();
+        for block in text.split_terminator("\n\n") {
+            let (name, data) = block.split_once("\ndata: ").unwrap();
+            events.push((
+                name.to_owned(),
+                serde_json::from_str::<Value>(data).unwrap(),
+            ));
+            assert!(data.starts_with(r#"{"type":"#), "{data}");
+        }
+        assert_eq!(
+            events,
+            [
+                (
+                    "event: a".into(),
+                    json!({"type": "a", "sequence_number": 0})
+                ),
+                (
+                    "event: b".into(),
+                    json!({"type": "b", "sequence_number": 1, "x": [1, {"y": "}"}], "z": null})
+                ),
+                (
+                    "event: c".into(),
+                    json!({"type": "c", "sequence_number": 2, "response": {"id": "r"}})
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn deltas_written_by_hand_are_serdes_bytes() {
