@@ -687,6 +687,9 @@ where
             match this.inner.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
+                        // Room for what a frame usually becomes, so that the event's bytes are
+                        // not copied over and over as the vector grows.
+                        out.reserve((2 * data.len()).max(256));
                         this.state.feed(data, &mut out);
                     }
                 }

@@ -478,6 +478,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
     use super::*;
+    use crate::translate::hand::check;
 
     const TEXTS: [&str; 5] = [
         "",
@@ -579,24 +580,94 @@ mod tests {
         }
     }
 
-    /// Chunks as upstreams write them, and oddities: each read by hand as serde reads it.
+    fn agrees(text: &[u8]) -> bool {
+        check::agrees::<Chunk<'_>>(text)
+    }
+
+    /// Chunks as upstreams write them, and oddities (types `Value`'s accessors would not
+    /// take, repeated keys, a second choice, space, escapes).
+    const CHUNKS: [&str; 9] = [
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1795793584,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+        r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":null}]}"#,
+        r#"{"id":"c","choices":[{"delta":{"reasoning_content":null,"reasoning":"why \u00e9"},"finish_reason":"stop"}]}"#,
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":27,"completion_tokens":3,"total_tokens":30,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+        r#"{"id":5,"model":["x"],"created":1.5,"choices":{"delta":1},"usage":"none"}"#,
+        r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b","x":[{"y":"\ud800"}]}}],"choices":[{"delta":{"content":"last"}},7,"z"]}"#,
+        r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+        r#"{ "id" : "spaced" , "choices" : [ { "delta" : { "content" : "x" } } ] }"#,
+        "{\"choices\":[{\"delta\":{\"content\":\"tab\\t and \\\"quote\\\"\"}}]}",
+    ];
+
     #[test]
     fn chunks_are_read_by_hand_as_serde_reads_them() {
-        let chunks = [
-            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1795793584,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":null}"#,
-            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":null}]}"#,
-            r#"{"id":"c","choices":[{"delta":{"reasoning_content":null,"reasoning":"why \u00e9"},"finish_reason":"stop"}]}"#,
-            r#"{"id":"c","choices":[],"usage":{"prompt_tokens":27,"completion_tokens":3,"total_tokens":30,"prompt_tokens_details":{"cached_tokens":2}}}"#,
-            r#"{"id":5,"model":["x"],"created":1.5,"choices":{"delta":1},"usage":"none"}"#,
-            r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}],"choices":[{"delta":{"content":"last"}}]}"#,
-            r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
-            r#" { "id" : "spaced" , "choices" : [ { "delta" : { "content" : "x" } } ] } "#,
-            "{\"choices\":[{\"delta\":{\"content\":\"tab\\t and \\\"quote\\\"\"}}]}",
-        ];
-        for text in chunks {
-            let by_hand = hand::object::<Chunk<'_>>(text.trim()).expect(text);
-            let by_serde = serde_json::from_str::<Chunk<'_>>(text).unwrap();
-            assert_eq!(format!("{by_hand:?}"), format!("{by_serde:?}"), "{text}");
+        check::all_read(CHUNKS, agrees);
+        // The last of a repeated key counts, and the first of the choices.
+        let chunk: Chunk<'_> = hand::object(CHUNKS[5]).unwrap();
+        let choices = chunk.choices.as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        assert_eq!(choices[0].delta.content.as_str(), Some("last"));
+    }
+
+    /// The chat streams of the fixture suite (`tests/fixtures/*_to_chat`): every chunk is read
+    /// by hand.
+    #[test]
+    fn the_fixture_chunks_are_read_by_hand() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut read = 0;
+        for dir in ["messages_to_chat", "responses_to_chat"] {
+            for case in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = case.unwrap().path().join("upstream_reply.sse");
+                let Ok(text) = std::fs::read_to_string(path) else {
+                    continue;
+                };
+                let mut events = Vec::new();
+                let mut d = sse::SseDecoder::new();
+                d.feed(text.as_bytes(), &mut events).unwrap();
+                d.finish(&mut events);
+                for e in events.iter().filter(|e| e.data.starts_with('{')) {
+                    assert!(agrees(e.data.as_bytes()), "left to serde: {}", e.data);
+                    read += 1;
+                }
+            }
+        }
+        assert!(read > 50, "{read} chunks");
+    }
+
+    /// Every one-byte edit of the chunks: the reader never answers otherwise than serde.
+    #[test]
+    fn no_one_byte_edit_makes_the_reader_differ_from_serde() {
+        let read = check::one_byte_edits(&CHUNKS, agrees);
+        assert!(read > 5_000, "only {read} edits were read by hand");
+    }
+
+    const KEYS: [&str; 17] = [
+        "id",
+        "model",
+        "created",
+        "choices",
+        "usage",
+        "error",
+        "delta",
+        "finish_reason",
+        "content",
+        "reasoning",
+        "reasoning_content",
+        "refusal",
+        "tool_calls",
+        "index",
+        "function",
+        "arguments",
+        "x",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+        /// Objects made of the chunk's keys at every level, with values of every kind: the
+        /// reader never answers otherwise than serde.
+        #[test]
+        fn made_up_chunks_are_read_as_serde_reads_them(seed: u64) {
+            agrees(check::made_up(seed, 5, &KEYS, &check::SCALARS).as_bytes());
         }
     }
 
