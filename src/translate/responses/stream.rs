@@ -322,13 +322,15 @@ impl StreamEncoder {
         out.extend_from_slice(b"}\n\n");
     }
 
-    fn object(&self, status: &str) -> Value {
+    /// The response object with `status`; a finished one takes the output items, which
+    /// nothing needs after it (the stream ends with it).
+    fn object(&mut self, status: &str) -> Value {
         let done = status != "in_progress";
         response_object(
             Head(&self.id, self.created, &self.model),
             status,
             if done {
-                self.output.clone()
+                std::mem::take(&mut self.output)
             } else {
                 Vec::new()
             },
