@@ -677,6 +677,34 @@ fn needs_no_escape(s: &[u8]) -> bool {
             .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
 }
 
+/// `raw` without the line breaks between its tokens (a client's pretty-printed JSON), so that it
+/// can be written into an event's single `data:` line; JSON strings hold none of their own.
+pub fn one_line(raw: &RawValue) -> Box<RawValue> {
+    let text = raw.get();
+    if !text.contains(['\n', '\r']) {
+        return raw.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if c.is_ascii_whitespace() {
+            continue;
+        }
+        out.push(c);
+    }
+    // Only space outside strings is gone, so this is the same JSON.
+    RawValue::from_string(out).unwrap_or_else(|_| raw.to_owned())
+}
+
 /// A raw value from a literal the gateway itself writes.
 pub fn raw_literal(text: &'static str) -> Box<RawValue> {
     RawValue::from_string(text.to_owned()).unwrap_or_else(|_| {
@@ -1048,5 +1076,20 @@ mod tests {
         let s: Box<RawValue> = RawValue::from_string("\"x\\n\"".into()).unwrap();
         assert_eq!(as_str((&*s).into()).unwrap(), "x\n");
         assert_eq!(as_bool((&*s).into()), Err(Expected::Bool));
+    }
+
+    #[test]
+    fn one_line_drops_only_the_space_between_tokens() {
+        let raw = |t: &str| RawValue::from_string(t.to_owned()).unwrap();
+        // Already on one line: kept as it is, spaces and all.
+        assert_eq!(
+            one_line(&raw("{ \"a\" : [1, 2] }")).get(),
+            "{ \"a\" : [1, 2] }"
+        );
+        let pretty = "{\n  \"a b\": \"x \\\" \\\\\",\r\n  \"c\": [\n    1,\n\t2\n  ],\n  \"d\": \"\\n é\"\n}";
+        let flat = one_line(&raw(pretty));
+        assert_eq!(flat.get(), r#"{"a b":"x \" \\","c":[1,2],"d":"\n é"}"#);
+        let parsed = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert_eq!(parsed(flat.get()), parsed(pretty));
     }
 }

@@ -1,7 +1,9 @@
 //! OpenAI Responses ⇄ IR: client requests in, upstream requests out, replies and stream events both ways.
 
+use serde::ser::{SerializeSeq, Serializer};
+use serde::Serialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::common::*;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
@@ -176,71 +178,150 @@ pub struct Echo {
     pub fresh_id: bool,
 }
 
-/// An echoed field as a value, or `default` when the client did not send it.
-fn echoed(raw: &Option<Box<RawValue>>, default: Value) -> Value {
-    raw.as_deref()
-        .and_then(|r| serde_json::from_str(r.get()).ok())
-        .unwrap_or(default)
+/// An echoed field as the client wrote it, or what the API answers when the client did not
+/// send it.
+struct Echoed<'a>(Option<&'a RawValue>, Absent);
+
+/// What an echoed field the client did not send is.
+#[derive(Clone, Copy)]
+enum Absent {
+    Null,
+    True,
+    Auto,
+    NoTools,
+}
+
+impl Serialize for Echoed<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (self.0, self.1) {
+            (Some(raw), _) => raw.serialize(s),
+            (None, Absent::Null) => s.serialize_unit(),
+            (None, Absent::True) => s.serialize_bool(true),
+            (None, Absent::Auto) => s.serialize_str("auto"),
+            (None, Absent::NoTools) => s.serialize_seq(Some(0))?.end(),
+        }
+    }
 }
 
 /// The identity of a response object: id, creation time, model.
 struct Head<'a>(&'a str, u64, &'a str);
 
+/// A response object: the reply's own members, then what the request said, echoed.
+#[derive(Serialize)]
+struct ResponseOut<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'a str,
+    error: Option<()>,
+    incomplete_details: Option<IncompleteOut>,
+    instructions: Echoed<'a>,
+    max_output_tokens: Echoed<'a>,
+    model: &'a str,
+    output: &'a [Value],
+    parallel_tool_calls: Echoed<'a>,
+    previous_response_id: Echoed<'a>,
+    reasoning: ReasoningOut<'a>,
+    /// Stored unless the client said otherwise (gateway.md §13).
+    store: Echoed<'a>,
+    temperature: Echoed<'a>,
+    text: TextOut,
+    tool_choice: Echoed<'a>,
+    tools: Echoed<'a>,
+    top_p: Echoed<'a>,
+    truncation: &'static str,
+    usage: Option<Value>,
+    metadata: EmptyOut,
+}
+
+#[derive(Serialize)]
+struct IncompleteOut {
+    reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct ReasoningOut<'a> {
+    effort: Echoed<'a>,
+    summary: Echoed<'a>,
+}
+
+/// `{"format":{"type":"text"}}`.
+#[derive(Serialize)]
+struct TextOut {
+    format: FormatOut,
+}
+
+#[derive(Serialize)]
+struct FormatOut {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `{}`.
+#[derive(Serialize)]
+struct EmptyOut {}
+
+impl<'a> ResponseOut<'a> {
+    fn new(
+        Head(id, created, model): Head<'a>,
+        status: &'a str,
+        output: &'a [Value],
+        finish: Option<&Finish>,
+        usage: Option<&Usage>,
+        echo: &'a Echo,
+    ) -> Self {
+        let incomplete_details = (status == "incomplete").then(|| IncompleteOut {
+            reason: if finish == Some(&Finish::ContentFilter) {
+                "content_filter"
+            } else {
+                "max_output_tokens"
+            },
+        });
+        let echoed = |raw: &'a Option<Box<RawValue>>, default| Echoed(raw.as_deref(), default);
+        Self {
+            id,
+            object: "response",
+            created_at: created,
+            status,
+            error: None,
+            incomplete_details,
+            instructions: echoed(&echo.instructions, Absent::Null),
+            max_output_tokens: echoed(&echo.max_output_tokens, Absent::Null),
+            model,
+            output,
+            parallel_tool_calls: echoed(&echo.parallel_tool_calls, Absent::True),
+            previous_response_id: echoed(&echo.previous_response_id, Absent::Null),
+            reasoning: ReasoningOut {
+                effort: echoed(&echo.effort, Absent::Null),
+                summary: echoed(&echo.summary, Absent::Null),
+            },
+            store: echoed(&echo.store, Absent::True),
+            temperature: echoed(&echo.temperature, Absent::Null),
+            text: TextOut {
+                format: FormatOut { kind: "text" },
+            },
+            tool_choice: echoed(&echo.tool_choice, Absent::Auto),
+            tools: echoed(&echo.tools, Absent::NoTools),
+            top_p: echoed(&echo.top_p, Absent::Null),
+            truncation: "disabled",
+            usage: usage.map(usage_json),
+            metadata: EmptyOut {},
+        }
+    }
+}
+
+/// The response object as a `Value`, for what keeps or changes it (the store, a failure).
 fn response_object(
-    Head(id, created, model): Head<'_>,
+    head: Head<'_>,
     status: &str,
-    output: Vec<Value>,
+    output: &[Value],
     finish: Option<&Finish>,
     usage: Option<&Usage>,
     echo: &Echo,
 ) -> Value {
-    let incomplete = match (status, finish) {
-        ("incomplete", Some(Finish::ContentFilter)) => json!({"reason": "content_filter"}),
-        ("incomplete", _) => json!({"reason": "max_output_tokens"}),
-        _ => Value::Null,
-    };
-    // Built by moving values in: `json!` would copy `output` and every echoed field once more.
-    let fields = [
-        ("id", Value::from(id)),
-        ("object", "response".into()),
-        ("created_at", created.into()),
-        ("status", status.into()),
-        ("error", Value::Null),
-        ("incomplete_details", incomplete),
-        ("instructions", echoed(&echo.instructions, Value::Null)),
-        (
-            "max_output_tokens",
-            echoed(&echo.max_output_tokens, Value::Null),
-        ),
-        ("model", model.into()),
-        ("output", Value::Array(output)),
-        (
-            "parallel_tool_calls",
-            echoed(&echo.parallel_tool_calls, Value::Bool(true)),
-        ),
-        (
-            "previous_response_id",
-            echoed(&echo.previous_response_id, Value::Null),
-        ),
-        (
-            "reasoning",
-            Value::Object(Map::from_iter([
-                ("effort".to_owned(), echoed(&echo.effort, Value::Null)),
-                ("summary".to_owned(), echoed(&echo.summary, Value::Null)),
-            ])),
-        ),
-        // Stored unless the client said otherwise (gateway.md §13).
-        ("store", echoed(&echo.store, Value::Bool(true))),
-        ("temperature", echoed(&echo.temperature, Value::Null)),
-        ("text", json!({"format": {"type": "text"}})),
-        ("tool_choice", echoed(&echo.tool_choice, "auto".into())),
-        ("tools", echoed(&echo.tools, Value::Array(Vec::new()))),
-        ("top_p", echoed(&echo.top_p, Value::Null)),
-        ("truncation", "disabled".into()),
-        ("usage", usage.map_or(Value::Null, usage_json)),
-        ("metadata", Value::Object(Map::new())),
-    ];
-    Value::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    let r = ResponseOut::new(head, status, output, finish, usage, echo);
+    // Serialising plain data cannot fail; an echoed raw value is JSON already.
+    serde_json::to_value(&r).unwrap_or_default()
 }
 
 fn status_of(f: &Finish) -> &'static str {
@@ -375,7 +456,7 @@ pub fn ir_to_response(
     response_object(
         Head(&id, r.created, client_model),
         status,
-        output,
+        &output,
         Some(&r.finish),
         Some(&r.usage),
         echo,

@@ -164,3 +164,55 @@ fn a_path_walks_keys_and_array_indexes_as_a_pointer_does() {
         Some(&serde_json::json!(1))
     );
 }
+
+/// A client's pretty-printed request is echoed in the streamed response objects on one line
+/// each, so every event stays one `data:` line, and as the client's values.
+#[test]
+fn a_pretty_printed_request_is_echoed_without_breaking_the_events() {
+    let config = crate::config::Config::parse(
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap();
+    let body = "{\n  \"model\": \"m\",\n  \"stream\": true,\n  \"input\": \"hi\",\n  \"instructions\": \"Line one.\\nLine \\\"two\\\".\",\n  \"temperature\": 0.5,\n  \"tool_choice\": {\n    \"type\": \"function\",\n    \"name\": \"get weather\"\n  },\n  \"tools\": [\n    {\n      \"type\": \"function\",\n      \"name\": \"get weather\",\n      \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}\n    }\n  ]\n}";
+    let client: serde_json::Value = serde_json::from_str(body).unwrap();
+    let (_, t) = request(
+        Protocol::Responses,
+        Protocol::Chat,
+        body.as_bytes(),
+        config.models[0].primary(),
+        "m",
+    )
+    .unwrap();
+    let mut st = StreamTranslator::new(&t);
+    let mut out = Vec::new();
+    st.feed(
+        b"data: {\"id\":\"c1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"id\":\"c1\",\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+        &mut out,
+    );
+    st.finish(&mut out);
+    let text = String::from_utf8(out).unwrap();
+    let mut responses = Vec::new();
+    for event in text.split_terminator("\n\n") {
+        let lines: Vec<&str> = event.lines().collect();
+        assert_eq!(lines.len(), 2, "one name line and one data line: {event}");
+        let data: serde_json::Value =
+            serde_json::from_str(lines[1].strip_prefix("data: ").unwrap()).unwrap();
+        if let Some(r) = data.get("response") {
+            responses.push(r.clone());
+        }
+    }
+    // Created, in progress, completed.
+    assert_eq!(responses.len(), 3, "{text}");
+    for r in &responses {
+        for key in ["instructions", "temperature", "tool_choice", "tools"] {
+            assert_eq!(r[key], client[key], "{key}");
+        }
+        assert_eq!(r["parallel_tool_calls"], true);
+        assert_eq!(r["store"], true);
+        assert_eq!(r["max_output_tokens"], serde_json::Value::Null);
+    }
+    assert_eq!(responses[2]["status"], "completed");
+    assert_eq!(responses[2]["output"][0]["content"][0]["text"], "Hi");
+}

@@ -130,8 +130,9 @@ pub struct UpstreamContext;
 
 // === responses client → IR ===
 
+/// An echoed field, kept on one line: a streamed reply writes it into an event's data line.
 fn owned(raw: Option<&RawValue>) -> Option<Box<RawValue>> {
-    raw.map(RawValue::to_owned)
+    raw.map(crate::json::one_line)
 }
 
 impl Echo {

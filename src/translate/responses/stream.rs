@@ -322,18 +322,13 @@ impl StreamEncoder {
         out.extend_from_slice(b"}\n\n");
     }
 
-    /// The response object with `status`; a finished one takes the output items, which
-    /// nothing needs after it (the stream ends with it).
-    fn object(&mut self, status: &str) -> Value {
+    /// The response object with `status`: a finished one has the output items and the usage.
+    fn response<'s>(&'s self, status: &'s str) -> ResponseOut<'s> {
         let done = status != "in_progress";
-        response_object(
+        ResponseOut::new(
             Head(&self.id, self.created, &self.model),
             status,
-            if done {
-                std::mem::take(&mut self.output)
-            } else {
-                Vec::new()
-            },
+            if done { &self.output } else { &[] },
             self.finish.as_ref(),
             if done { self.usage.as_ref() } else { None },
             &self.echo,
@@ -344,7 +339,7 @@ impl StreamEncoder {
         if !self.started {
             self.started = true;
             // The same object twice: written once.
-            let r = serde_json::to_vec(&self.object("in_progress")).unwrap_or_default();
+            let r = serde_json::to_vec(&self.response("in_progress")).unwrap_or_default();
             self.emit_response(out, "response.created", &r);
             self.emit_response(out, "response.in_progress", &r);
         }
@@ -592,7 +587,7 @@ impl StreamEncoder {
                 let f = self.finish.clone().unwrap_or_default();
                 let status = status_of(&f);
                 self.close_as(out, status);
-                let r = serde_json::to_vec(&self.object(status)).unwrap_or_default();
+                let r = serde_json::to_vec(&self.response(status)).unwrap_or_default();
                 let kind = if status == "completed" {
                     "response.completed"
                 } else {
@@ -603,7 +598,7 @@ impl StreamEncoder {
             }
             Event::Error(e) => {
                 self.start(out);
-                let mut r = self.object("failed");
+                let mut r = serde_json::to_value(self.response("failed")).unwrap_or_default();
                 r["error"] = json!({"code": e.code.clone().unwrap_or_else(|| "server_error".into()), "message": e.message});
                 // `response.failed` is terminal, so nothing may follow it (protocols.md §0).
                 let code = e.code.clone().unwrap_or_else(|| "server_error".into());
