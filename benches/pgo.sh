@@ -2,7 +2,7 @@
 # Makes the profile that release builds are laid out by (benches/pgo/modelgate.profdata, applied
 # by the rustc wrapper benches/pgo/rustc that .cargo/config.toml names): builds an instrumented
 # gateway, drives it with the benchbed's requests (chat JSON and stream passthrough, messages and
-# responses translated to a chat upstream, a messages stream), and merges the counts. With them
+# responses translated to a chat upstream, a messages and a responses stream), and merges the counts. With them
 # LLVM places the code a served request runs together and moves the rest out of its cache lines,
 # which is most of what a request costs at a low rate (benches/footprint.sh). Run it again after
 # a change on the request path: a function changed since the profile was made is built as
@@ -52,6 +52,7 @@ drive /v1/chat/completions "$(streamed "$chat_body")"
 drive /v1/messages "$messages_body"
 drive /v1/messages "$(streamed "$messages_body")"
 drive /v1/responses "$responses"
+drive /v1/responses "$(streamed "$responses")"
 # The gateway writes its profile when it exits, and exits on SIGINT after draining.
 kill -INT "$gw_pid"
 wait "$gw_pid" || true
