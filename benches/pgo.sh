@@ -2,9 +2,10 @@
 # Makes the profile that release builds are laid out by (benches/pgo/modelgate.profdata, applied
 # by the rustc wrapper benches/pgo/rustc that .cargo/config.toml names): builds an instrumented
 # gateway, drives it with the benchbed's requests (chat JSON and stream passthrough, messages and
-# responses translated to a chat upstream, a messages and a responses stream), and merges the counts. With them
-# LLVM places the code a served request runs together and moves the rest out of its cache lines,
-# which is most of what a request costs at a low rate (benches/footprint.sh). Run it again after
+# responses translated to a chat upstream, a messages and a responses stream), and merges the
+# counts. With them LLVM places the code a served request runs together and moves the rest out
+# of its cache lines, which is most of what a request costs at a low rate
+# (benches/footprint.sh). Run it again after
 # a change on the request path: a function changed since the profile was made is built as
 # without one. Needs rustup's llvm-tools component (for llvm-profdata; added when missing), oha,
 # and the benchbed's mock-upstream built. The next `cargo build --release` uses the new profile.

@@ -7,15 +7,6 @@ pub struct SseEvent {
     pub data: String,
 }
 
-impl SseEvent {
-    pub fn as_ref(&self) -> EventRef<'_> {
-        EventRef {
-            event: self.event.as_deref(),
-            data: &self.data,
-        }
-    }
-}
-
 /// An event as the decoder hands it over: borrowed from its buffers, valid until the next one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventRef<'a> {
@@ -24,7 +15,8 @@ pub struct EventRef<'a> {
 }
 
 impl EventRef<'_> {
-    pub fn to_owned(self) -> SseEvent {
+    /// The event with its own copies of its name and data, to keep past the next one.
+    pub fn owned(self) -> SseEvent {
         SseEvent {
             event: self.event.map(str::to_owned),
             data: self.data.to_owned(),
@@ -72,7 +64,7 @@ impl SseDecoder {
 
     /// Feeds bytes; complete events are appended to `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), EventTooLarge> {
-        self.feed_with(bytes, |ev| out.push(ev.to_owned()))
+        self.feed_with(bytes, |ev| out.push(ev.owned()))
     }
 
     /// Feeds bytes; `each` gets every event they complete, in order. Each byte is searched for
@@ -123,7 +115,7 @@ impl SseDecoder {
     /// Ends the stream: a final event without its blank line is still dispatched (as browsers do not,
     /// but a truncated upstream's last complete data line is better surfaced than lost).
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
-        self.finish_with(|ev| out.push(ev.to_owned()));
+        self.finish_with(|ev| out.push(ev.owned()));
     }
 
     /// [`finish`](Self::finish), handing the last event to `each`.
