@@ -86,3 +86,14 @@ pub fn at<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
         _ => cur.get(*step),
     })
 }
+
+/// Texts that test what a hand-written JSON string must do as serde does: nothing to escape,
+/// quotes and backslashes, control characters and DEL, text past ASCII.
+#[cfg(test)]
+pub(crate) const AWKWARD_TEXTS: [&str; 5] = [
+    "",
+    "plain",
+    "quote \" backslash \\ slash / newline \n tab \t",
+    "control \u{1} \u{1f} del \u{7f}",
+    "é 日本 😀",
+];

@@ -480,13 +480,7 @@ mod tests {
     use super::*;
     use crate::translate::hand::check;
 
-    const TEXTS: [&str; 5] = [
-        "",
-        "plain",
-        "quote \" backslash \\ slash / newline \n tab \t",
-        "control \u{1} \u{1f} del \u{7f}",
-        "é 日本 😀",
-    ];
+    const TEXTS: [&str; 5] = AWKWARD_TEXTS;
 
     /// The chunk serde writes for `delta`, as the encoder's `chunk_with` must write it.
     fn serde_chunk<D: Serialize>(e: &StreamEncoder, delta: D, finish: Option<&str>) -> String {

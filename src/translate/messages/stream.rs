@@ -557,14 +557,7 @@ mod tests {
     #[test]
     fn deltas_written_by_hand_are_serdes_bytes() {
         let enc = StreamEncoder::new("m");
-        let texts = [
-            "",
-            "plain",
-            "quote \" backslash \\ slash / newline \n tab \t",
-            "control \u{1} \u{1f} del \u{7f}",
-            "é 日本 😀",
-        ];
-        for text in texts {
+        for text in AWKWARD_TEXTS {
             for block in [0, 7, 12345] {
                 let deltas = [
                     DeltaOut::Text { text },

@@ -661,14 +661,7 @@ mod tests {
 
     #[test]
     fn deltas_written_by_hand_are_serdes_bytes() {
-        let texts = [
-            "",
-            "plain",
-            "quote \" backslash \\ slash / newline \n tab \t",
-            "control \u{1} \u{1f} del \u{7f}",
-            "é 日本 😀",
-        ];
-        for text in texts {
+        for text in AWKWARD_TEXTS {
             for (content_index, summary_index, logprobs) in [
                 (Some(0), None, Some([])),
                 (None, Some(3), None),
