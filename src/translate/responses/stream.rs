@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::json::write::Object;
 use crate::json::write_json_str;
+use crate::translate::lax::{lax_struct, Loose};
 
 #[derive(Deserialize)]
 struct DeltaIn<'a> {
@@ -58,6 +59,30 @@ impl DeltaOut<'_> {
 }
 
 // === streams: responses upstream events → IR ===
+
+lax_struct! {
+    /// An event's `type`, as `Value`'s accessors would see it; the rest is checked and skipped.
+    struct EventType<'a> {
+        kind = "type": Loose<'a>,
+    }
+}
+
+/// The event types the general reader below acts on; it ignores every other.
+const DECODED: [&str; 13] = [
+    "response.created",
+    "response.output_item.added",
+    "response.output_text.delta",
+    "response.refusal.delta",
+    "response.reasoning_summary_text.delta",
+    "response.reasoning_text.delta",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "error",
+];
 
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
@@ -112,6 +137,15 @@ impl StreamDecoder {
                     }
                     _ => out.push(Event::ReasoningDelta(delta)),
                 }
+                return;
+            }
+        }
+        // Most other events (`response.in_progress`, the `.added` and `.done` of parts and text)
+        // say nothing the stream needs, and some carry the whole reply or the echoed request:
+        // their type is read, and their JSON checked, without building a tree.
+        if let Ok(t) = serde_json::from_str::<EventType<'_>>(ev.data) {
+            let kind = t.kind.as_str().or(ev.event).unwrap_or("");
+            if !DECODED.contains(&kind) {
                 return;
             }
         }
@@ -656,6 +690,44 @@ mod tests {
                     json!({"type": "c", "sequence_number": 2, "response": {"id": "r"}})
                 ),
             ]
+        );
+    }
+
+    fn decoded(event: Option<&str>, data: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        StreamDecoder::default().decode(sse::EventRef { event, data }, &mut out);
+        out
+    }
+
+    #[test]
+    fn events_the_decoder_ignores_are_checked_but_not_read() {
+        // Ignored: nothing comes of them, whatever they carry.
+        let big = r#"{"type":"response.in_progress","response":{"id":"r","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]}}"#;
+        assert_eq!(decoded(Some("response.in_progress"), big), []);
+        let done =
+            r#"{"type":"response.output_text.done","item_id":"m","text":"the whole \"reply\""}"#;
+        assert_eq!(decoded(Some("response.output_text.done"), done), []);
+        // Still refused when they are not JSON, as before.
+        let broken = decoded(
+            Some("response.in_progress"),
+            r#"{"type":"response.in_progress","#,
+        );
+        assert!(matches!(broken.as_slice(), [Event::Error(_)]), "{broken:?}");
+        // The type member decides over the event's name, as the general reader reads it.
+        let completed = r#"{"type":"response.completed","response":{"status":"completed"}}"#;
+        let got = decoded(Some("response.in_progress"), completed);
+        assert!(matches!(got.last(), Some(Event::End)), "{got:?}");
+        let unnamed = decoded(None, completed);
+        assert!(matches!(unnamed.last(), Some(Event::End)), "{unnamed:?}");
+        // A type that is no string leaves the name to say it.
+        let created = r#"{"type":7,"response":{"id":"resp_1","model":"m","created_at":5}}"#;
+        assert_eq!(
+            decoded(Some("response.created"), created),
+            [Event::Start {
+                id: "resp_1".into(),
+                model: "m".into(),
+                created: 5
+            }]
         );
     }
 
