@@ -87,6 +87,10 @@ pub fn at<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     })
 }
 
+/// `{}`, for a member that is always an empty object.
+#[derive(Serialize)]
+pub struct EmptyObject {}
+
 /// Texts that test what a hand-written JSON string must do as serde does: nothing to escape,
 /// quotes and backslashes, control characters and DEL, text past ASCII.
 #[cfg(test)]

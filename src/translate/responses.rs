@@ -231,7 +231,7 @@ struct ResponseOut<'a> {
     top_p: Echoed<'a>,
     truncation: &'static str,
     usage: Option<Value>,
-    metadata: EmptyOut,
+    metadata: EmptyObject,
 }
 
 #[derive(Serialize)]
@@ -256,10 +256,6 @@ struct FormatOut {
     #[serde(rename = "type")]
     kind: &'static str,
 }
-
-/// `{}`.
-#[derive(Serialize)]
-struct EmptyOut {}
 
 impl<'a> ResponseOut<'a> {
     fn new(
@@ -305,7 +301,7 @@ impl<'a> ResponseOut<'a> {
             top_p: echoed(&echo.top_p, Absent::Null),
             truncation: "disabled",
             usage: usage.map(usage_json),
-            metadata: EmptyOut {},
+            metadata: EmptyObject {},
         }
     }
 }

@@ -50,14 +50,8 @@ lax_struct! {
     struct CallDelta<'a> {
         index: Loose<'a>,
         id: Loose<'a>,
-        function: FunctionDelta<'a>,
-    }
-}
-
-lax_struct! {
-    struct FunctionDelta<'a> {
-        name: Loose<'a>,
-        arguments: Loose<'a>,
+        // A reply's call's function: a chunk's names the same members.
+        function: Function<'a>,
     }
 }
 

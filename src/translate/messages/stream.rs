@@ -243,13 +243,9 @@ enum BlockOut<'a> {
     ToolUse {
         id: &'a str,
         name: &'a str,
-        input: Empty,
+        input: EmptyObject,
     },
 }
-
-/// `{}`.
-#[derive(Serialize)]
-struct Empty {}
 
 /// A stream's events other than the deltas: few per stream, written without a `Value` tree.
 #[derive(Serialize)]
@@ -497,7 +493,7 @@ impl StreamEncoder {
                     BlockOut::ToolUse {
                         id: &id,
                         name: &name,
-                        input: Empty {},
+                        input: EmptyObject {},
                     },
                     out,
                 );
