@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +23,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Address, Config, Limits};
 use crate::pipeline::{self, Gateway};
+
+/// Connections the kernel completes for a listening socket before one of its loops accepts them
+/// (capped by `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 1024;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,6 +88,8 @@ pub fn worker() -> usize {
 pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     let gateway = Arc::new(Gateway::new(config)?);
     let tls = config.tls.clone().map(TlsAcceptor::from);
+    // One listening socket per event loop (one for the shared runtime).
+    let copies = config.server.workers.max(1);
     let mut listeners = Vec::new();
     let mut addrs = HashMap::new();
     for a in [
@@ -92,13 +99,16 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         Address::Admin,
     ] {
         if let Some(addr) = config.listen.get(a) {
-            let l = TcpListener::bind(addr).await.map_err(|e| {
+            let sockets = bind(addr, copies).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
                     format!("cannot listen on {addr} ({}): {e}", a.name()),
                 )
             })?;
-            let bound = l.local_addr()?;
+            let bound = sockets
+                .first()
+                .ok_or_else(|| std::io::Error::other("no listening socket"))?
+                .local_addr()?;
             addrs.insert(a, bound);
             if a == Address::Video {
                 let _ = gateway.services.video_addr.set(bound);
@@ -109,19 +119,23 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
             } else {
                 tls.clone()
             };
-            listeners.push(Listener {
-                address: a,
-                socket: l,
-                tls,
-                slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-            });
+            let slots = Arc::new(Semaphore::new(config.limits.max_connections));
+            listeners.push(
+                sockets
+                    .into_iter()
+                    .map(|socket| Listener {
+                        address: a,
+                        socket,
+                        tls: tls.clone(),
+                        slots: slots.clone(),
+                    })
+                    .collect::<Vec<_>>(),
+            );
         }
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         // A response is mostly small frames (SSE events, JSON replies): copying each into one
         // buffer and writing it whole costs fewer instructions than queueing its head, chunk
         // size, data and CRLF for a vectored write (−9 k per 23-event stream, benches/
@@ -132,36 +146,34 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         // and hyper re-armed that timer after every response, earlier than the runtime's next
         // planned wake-up, which made tokio write to its own wake-up descriptor each time.
         .header_read_timeout(None::<Duration>);
-    builder.http2().timer(TokioTimer::new());
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new());
     let shared = Arc::new(Shared {
         gw: gateway.clone(),
-        builder,
+        h1,
+        h2,
         limits: config.limits,
     });
     // Every connection and accept task holds a sender; when all are dropped, all have ended.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     match config.server.workers {
         0 => {
-            for l in listeners {
-                spawn_accept(l, &shared, &shutdown_rx, &alive_tx);
+            for l in listeners.into_iter().flatten() {
+                spawn_accept(l, &shared, &shutdown_rx, &alive_tx)?;
             }
         }
         workers => {
-            // Each loop gets its own descriptor of every listening socket and registers it
-            // with its own runtime; whichever loop is free accepts. Not SO_REUSEPORT: a second
-            // gateway started on the same port by mistake must fail, not share the traffic.
-            let mut sockets = Vec::new();
-            for l in listeners {
-                sockets.push((l.address, l.socket.into_std()?, l.tls, l.slots));
+            // Loop `w` accepts on the `w`th socket of every address.
+            let mut mine: Vec<Vec<Listener>> = (0..workers).map(|_| Vec::new()).collect();
+            for group in listeners {
+                for (theirs, l) in mine.iter_mut().zip(group) {
+                    theirs.push(l);
+                }
             }
             // The loops log where the caller does (its scoped subscriber, if it has one).
             let logs = tracing::dispatcher::get_default(Clone::clone);
-            for w in 0..workers {
+            for (w, mine) in mine.into_iter().enumerate() {
                 let logs = logs.clone();
-                let mut mine = Vec::with_capacity(sockets.len());
-                for (address, socket, tls, slots) in &sockets {
-                    mine.push((*address, socket.try_clone()?, tls.clone(), slots.clone()));
-                }
                 // Built here, so a runtime that cannot start fails the start, not one loop.
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -195,10 +207,41 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
     })
 }
 
-/// A bound listening socket and what its accept loops share.
+/// Binds `copies` listening sockets to `addr`, one per event loop. They share the port with
+/// `SO_REUSEPORT`, so the kernel hands each new connection to one loop and wakes only that one.
+/// With one descriptor of a single socket in every loop, each connection woke every loop and
+/// all but one found nothing to accept (two failed `accept4` calls per connection with two).
+fn bind(addr: SocketAddr, copies: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if copies > 1 && addr.port() != 0 {
+        // A port some other process listens on, another gateway included, must fail the start
+        // rather than let the two share the traffic: this bind, without `SO_REUSEPORT`, fails on
+        // any listening socket. (For port 0 the kernel picks a port nothing is bound to.)
+        drop(std::net::TcpListener::bind(addr)?);
+    }
+    let mut sockets = Vec::with_capacity(copies);
+    let mut at = addr;
+    for _ in 0..copies {
+        let socket = if at.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        if copies > 1 {
+            socket.set_reuseport(true)?;
+        }
+        socket.bind(at)?;
+        // Port 0 asks for any port; the loops' other sockets take the one the first got.
+        at = socket.local_addr()?;
+        sockets.push(socket.listen(LISTEN_BACKLOG)?.into_std()?);
+    }
+    Ok(sockets)
+}
+
+/// A bound listening socket and what the accept loops of its address share.
 struct Listener {
     address: Address,
-    socket: TcpListener,
+    socket: std::net::TcpListener,
     tls: Option<TlsAcceptor>,
     /// `[limits] max_connections` permits, shared by every loop accepting on this address.
     slots: Arc<Semaphore>,
@@ -209,12 +252,7 @@ struct Listener {
 /// signalled and its last connection has ended; `alive` is held until then.
 fn event_loop(
     rt: tokio::runtime::Runtime,
-    sockets: Vec<(
-        Address,
-        std::net::TcpListener,
-        Option<TlsAcceptor>,
-        Arc<Semaphore>,
-    )>,
+    listeners: Vec<Listener>,
     shared: &Arc<Shared>,
     shutdown: &watch::Receiver<bool>,
     alive: mpsc::Sender<()>,
@@ -228,18 +266,9 @@ fn event_loop(
         )]
         tokio::spawn(crate::logfmt::hold_access_lines());
         let (mine, mut ended) = mpsc::channel::<()>(1);
-        for (address, socket, tls, slots) in sockets {
-            match TcpListener::from_std(socket) {
-                Ok(socket) => {
-                    let l = Listener {
-                        address,
-                        socket,
-                        tls,
-                        slots,
-                    };
-                    spawn_accept(l, shared, shutdown, &mine);
-                }
-                Err(e) => tracing::error!(worker = worker(), error = %e, "cannot watch a listener"),
+        for l in listeners {
+            if let Err(e) = spawn_accept(l, shared, shutdown, &mine) {
+                tracing::error!(worker = worker(), error = %e, "cannot watch a listener");
             }
         }
         drop(mine);
@@ -258,11 +287,11 @@ fn spawn_accept(
     shared: &Arc<Shared>,
     shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
-) {
+) -> std::io::Result<()> {
     let accept = Accept {
         shared: shared.clone(),
         address: l.address,
-        listener: l.socket,
+        listener: TcpListener::from_std(l.socket)?,
         tls: l.tls,
         slots: l.slots,
         shutdown: shutdown.clone(),
@@ -274,12 +303,14 @@ fn spawn_accept(
         reason = "an accept loop; it ends when shutdown is signalled and is tracked by `alive`"
     )]
     tokio::spawn(accept.run());
+    Ok(())
 }
 
 /// What every connection of every listener shares.
 struct Shared {
     gw: Arc<Gateway>,
-    builder: auto::Builder<TokioExecutor>,
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
     limits: Limits,
 }
 
@@ -298,15 +329,6 @@ struct Accept {
 impl Accept {
     async fn run(mut self) {
         loop {
-            // At the limit, stop accepting: new clients wait in the kernel's backlog rather
-            // than take descriptors the gateway needs for the connections it serves.
-            let permit = tokio::select! {
-                () = stopping(&mut self.shutdown) => break,
-                permit = self.slots.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
             let accepted = tokio::select! {
                 () = stopping(&mut self.shutdown) => break,
                 accepted = self.listener.accept() => accepted,
@@ -320,6 +342,21 @@ impl Accept {
                     continue;
                 }
             };
+            // At the limit, this loop holds the connection it took and accepts no more: the
+            // clients after it wait in the kernel's backlog rather than take descriptors the
+            // gateway needs for the connections it serves. The permit comes after the accept
+            // because each loop has a socket of its own: a loop that waited for a permit first
+            // could take one while the waiting client sat in another loop's backlog.
+            let permit = match self.slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => tokio::select! {
+                    () = stopping(&mut self.shutdown) => break,
+                    permit = self.slots.clone().acquire_owned() => match permit {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                },
+            };
             let _ = stream.set_nodelay(true);
             let conn = Connection {
                 shared: self.shared.clone(),
@@ -328,11 +365,18 @@ impl Accept {
                 _alive: self.alive.clone(),
                 _permit: permit,
             };
+            // The task holds only what the connection starts from; its future (3.7 KB, with
+            // hyper's connection state) is built in a box on the first poll. Spawned whole, it
+            // was copied several times on its way into the task: 4 k instructions of `memcpy`
+            // per connection (benches/instructions.sh, new connections).
+            let tls = self.tls.clone();
             #[expect(
                 clippy::disallowed_methods,
                 reason = "one task per connection, tracked by `alive` for graceful shutdown"
             )]
-            tokio::spawn(conn.run(stream, self.tls.clone(), peer));
+            tokio::spawn(async move {
+                crate::inplace::boxed(|| conn.run(stream, tls, peer)).await;
+            });
         }
     }
 }
@@ -341,6 +385,31 @@ impl Accept {
 async fn stopping(rx: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not Send; drop it here, not across the caller's awaits.
     let _ = rx.wait_for(|stop| *stop).await.map(|_| ());
+}
+
+/// Runs a connection until it ends, has been idle for the limit, or shutdown is signalled; then
+/// it finishes what is in flight and accepts nothing new. A macro, not a generic `async fn`:
+/// with hyper's connection types as a parameter, the task's future fails `Send` for every
+/// lifetime (rust-lang/rust#110338).
+macro_rules! drive {
+    ($conn:expr, $idle:expr, $stop:expr) => {{
+        let conn = $conn;
+        tokio::pin!(conn);
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            }
+            () = $idle => {
+                tracing::debug!("closing an idle client connection");
+            }
+            () = $stop => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }};
 }
 
 struct Connection {
@@ -352,20 +421,38 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>, peer: SocketAddr) {
+    async fn run(mut self, stream: TcpStream, tls: Option<TlsAcceptor>, peer: SocketAddr) {
         let activity = Arc::new(Activity::new());
         let limits = self.shared.limits;
         // Watched below TLS, so a handshake that never starts and a TLS session that never
         // sends a request are both silence.
-        let stream = Watched::new(stream, activity.clone(), limits.idle_timeout);
+        let mut stream = Watched::new(stream, activity.clone(), limits.idle_timeout);
         match tls {
-            None => self.serve(TokioIo::new(stream), activity).await,
+            None => {
+                let protocol = tokio::select! {
+                    sniffed = stream.sniff() => match sniffed {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "connection ended before a request");
+                            return;
+                        }
+                    },
+                    () = activity.idle_for(limits.client_idle_timeout) => return,
+                    () = stopping(&mut self.shutdown) => return,
+                };
+                self.serve(stream, protocol, activity).await
+            }
             Some(acceptor) => {
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    // Boxed: inline, the TLS connection's larger state would size every plain
-                    // connection's task too (6.1 KB instead of 3.7 KB).
                     Ok(Ok(s)) => {
-                        crate::inplace::boxed(|| self.serve(TokioIo::new(s), activity)).await
+                        // Over TLS, HTTP/2 is what ALPN chose (RFC 9113 §3.2), never sniffed.
+                        let protocol = match s.get_ref().1.alpn_protocol() {
+                            Some(b"h2") => Protocol::Http2,
+                            _ => Protocol::Http1,
+                        };
+                        // Boxed: inline, the TLS connection's larger state would size every
+                        // plain connection's task too (6.1 KB instead of 3.7 KB).
+                        crate::inplace::boxed(|| self.serve(s, protocol, activity)).await
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -374,7 +461,7 @@ impl Connection {
         }
     }
 
-    async fn serve<I>(mut self, io: TokioIo<I>, activity: Arc<Activity>)
+    async fn serve<I>(mut self, io: I, protocol: Protocol, activity: Arc<Activity>)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -400,25 +487,22 @@ impl Connection {
                 Ok::<_, std::convert::Infallible>(resp)
             }
         });
-        let conn = self.shared.builder.serve_connection(io, service);
-        tokio::pin!(conn);
-        let idle = self.shared.limits.client_idle_timeout;
-        tokio::select! {
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            }
-            () = activity.idle_for(idle) => {
-                tracing::debug!(idle_ms = idle.as_millis() as u64, "closing an idle client connection");
-            }
-            () = stopping(&mut self.shutdown) => {
-                // Finish what is in flight, accept nothing new on this connection.
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
+        let io = TokioIo::new(io);
+        let idle = activity.idle_for(self.shared.limits.client_idle_timeout);
+        let stop = stopping(&mut self.shutdown);
+        match protocol {
+            Protocol::Http1 => drive!(self.shared.h1.serve_connection(io, service), idle, stop),
+            Protocol::Http2 => drive!(self.shared.h2.serve_connection(io, service), idle, stop),
         }
     }
+}
+
+/// Which HTTP a client connection speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// On plain TCP, with prior knowledge: the connection opens with the HTTP/2 preface.
+    Http2,
 }
 
 /// When a client connection last finished a request, and how many are in progress: only
@@ -484,6 +568,8 @@ pin_project! {
         stall: Duration,
         // Boxed so the socket stays `Unpin`; only a stalled write allocates it.
         stalled: Option<Pin<Box<Sleep>>>,
+        // What `sniff` read, handed to the first reads after it.
+        first: BytesMut,
     }
 }
 
@@ -494,6 +580,37 @@ impl<S> Watched<S> {
             activity,
             stall,
             stalled: None,
+            first: BytesMut::new(),
+        }
+    }
+}
+
+/// How much of a plain connection's first bytes `sniff` reads at once: a request head and a
+/// small body.
+const FIRST_READ: usize = 4096;
+
+/// What a client speaking HTTP/2 with prior knowledge sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+impl<S: AsyncRead + Unpin> Watched<S> {
+    /// Tells HTTP/2 with prior knowledge from HTTP/1.1 by the connection's first bytes, which
+    /// the connection's codec then reads again from here. One read takes a whole request head,
+    /// where hyper-util's sniffing read exactly 24 bytes and left the rest to a second read and
+    /// a second parse of a partial head.
+    async fn sniff(&mut self) -> std::io::Result<Protocol> {
+        self.first.reserve(FIRST_READ);
+        loop {
+            if tokio::io::AsyncReadExt::read_buf(&mut self.inner, &mut self.first).await? == 0 {
+                // Closed before a request: the HTTP/1.1 codec ends the connection quietly.
+                return Ok(Protocol::Http1);
+            }
+            let n = self.first.len().min(H2_PREFACE.len());
+            if self.first.get(..n) != H2_PREFACE.get(..n) {
+                return Ok(Protocol::Http1);
+            }
+            if n == H2_PREFACE.len() {
+                return Ok(Protocol::Http2);
+            }
         }
     }
 }
@@ -504,7 +621,18 @@ impl<S: AsyncRead> AsyncRead for Watched<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_read(cx, buf)
+        let this = self.project();
+        if this.first.is_empty() {
+            return this.inner.poll_read(cx, buf);
+        }
+        let n = this.first.len().min(buf.remaining());
+        buf.put_slice(this.first.get(..n).unwrap_or_default());
+        bytes::Buf::advance(this.first, n);
+        if this.first.is_empty() {
+            // Free the sniffed bytes' buffer rather than keep it for the connection's life.
+            *this.first = BytesMut::new();
+        }
+        Poll::Ready(Ok(()))
     }
 }
 

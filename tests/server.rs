@@ -94,6 +94,80 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[tokio::test]
+async fn a_plain_listener_tells_http2_from_http1_by_the_first_bytes_however_they_arrive() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({"plain": true}))).await;
+    let toml = format!("{}\n[server]\nworkers = 2\n", chat_config(&up.url()));
+    let gw = TestGateway::start(&toml).await;
+    let addr = gw.running.addr(Address::Base).unwrap();
+
+    // HTTP/2 with prior knowledge, from a real client.
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let resp = h2
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"plain": true})
+    );
+
+    // An HTTP/1.1 request a byte at a time: "P" is also how the HTTP/2 preface begins.
+    let body = serde_json::to_string(&chat_body("m")).unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    for (i, byte) in request.as_bytes().iter().enumerate() {
+        s.write_all(&[*byte]).await.unwrap();
+        if i < 4 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("{\"plain\":true}") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("no answer to a request sent a byte at a time")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200 "),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // The HTTP/2 preface in two pieces: the server's own SETTINGS frame (type 4) comes back.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(b"\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut head))
+        .await
+        .expect("no HTTP/2 frame after a split preface")
+        .unwrap();
+    assert_eq!(head[3], 4, "first frame {head:?} is not SETTINGS");
+}
+
 /// An upstream whose every answer is a chat stream of two chunks and `[DONE]`, `pause` apart;
 /// and the chunk, for the expected text.
 async fn paced_stream(pause: Duration) -> (FakeUpstream, &'static str) {
