@@ -327,10 +327,15 @@ struct Accept {
 }
 
 impl Accept {
-    async fn run(mut self) {
+    async fn run(self) {
+        // One wait for shutdown for the loop's life: made afresh for every connection, its
+        // registration and removal cost more than the accept.
+        let mut shutdown = self.shutdown.clone();
+        let stop = stopping(&mut shutdown);
+        tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
-                () = stopping(&mut self.shutdown) => break,
+                () = &mut stop => break,
                 accepted = self.listener.accept() => accepted,
             };
             let (stream, peer) = match accepted {
@@ -350,7 +355,7 @@ impl Accept {
             let permit = match self.slots.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => tokio::select! {
-                    () = stopping(&mut self.shutdown) => break,
+                    () = &mut stop => break,
                     permit = self.slots.clone().acquire_owned() => match permit {
                         Ok(p) => p,
                         Err(_) => break,
