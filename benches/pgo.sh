@@ -49,6 +49,11 @@ drive() {
 }
 # The mix follows what the benchbed measures: passthrough first, then the translated pairs.
 drive /v1/chat/completions "$chat_body"
+# New connections too: at a low rate half the benchbed's requests open one (each load client
+# opens its 50 connections afresh).
+oha -z 2s -c 2 --disable-keepalive --no-tui -m POST -H "authorization: Bearer $key" \
+    -H 'content-type: application/json' -d "$chat_body" \
+    "http://127.0.0.1:$gport/v1/chat/completions" > /dev/null
 drive /v1/chat/completions "$(streamed "$chat_body")"
 drive /v1/messages "$messages_body"
 drive /v1/messages "$(streamed "$messages_body")"
