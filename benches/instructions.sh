@@ -8,7 +8,9 @@
 # messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's;
 # responses-stream: the same question as a streamed Responses request, translated likewise)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
-# appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime).
+# appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime). With FRESH=1
+# every request opens a connection of its own (oha --disable-keepalive): what a new connection
+# adds, which at a low rate is half the benchbed's requests (its load client opens 50 afresh).
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 bin=$(realpath "${1:-target/release/modelgate}")
@@ -40,7 +42,7 @@ count() {
     curl -s -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
         -d "$body" "http://127.0.0.1:$gport$path"
     if [ "$reqs" -gt 0 ]; then
-        oha -n "$reqs" -c 1 --no-tui -m POST -H "authorization: Bearer $key" \
+        oha -n "$reqs" -c 1 ${FRESH:+--disable-keepalive} --no-tui -m POST -H "authorization: Bearer $key" \
             -H 'content-type: application/json' -d "$body" \
             "http://127.0.0.1:$gport$path" > /dev/null
     fi
