@@ -215,17 +215,17 @@ fn bind(addr: SocketAddr, copies: usize) -> std::io::Result<Vec<std::net::TcpLis
     if copies > 1 && addr.port() != 0 {
         // A port some other process listens on, another gateway included, must fail the start
         // rather than let the two share the traffic: this bind, without `SO_REUSEPORT`, fails on
-        // any listening socket. (For port 0 the kernel picks a port nothing is bound to.)
-        drop(std::net::TcpListener::bind(addr)?);
+        // any listening socket. It never listens, so no client lands in its backlog, and it has
+        // `SO_REUSEADDR`, so the last run's connections in TIME_WAIT do not refuse a restart.
+        // (For port 0 the kernel picks a port nothing is bound to.)
+        let probe = new_socket(addr)?;
+        probe.set_reuseaddr(true)?;
+        probe.bind(addr)?;
     }
     let mut sockets = Vec::with_capacity(copies);
     let mut at = addr;
     for _ in 0..copies {
-        let socket = if at.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()?
-        } else {
-            tokio::net::TcpSocket::new_v6()?
-        };
+        let socket = new_socket(at)?;
         socket.set_reuseaddr(true)?;
         if copies > 1 {
             socket.set_reuseport(true)?;
@@ -236,6 +236,14 @@ fn bind(addr: SocketAddr, copies: usize) -> std::io::Result<Vec<std::net::TcpLis
         sockets.push(socket.listen(LISTEN_BACKLOG)?.into_std()?);
     }
     Ok(sockets)
+}
+
+fn new_socket(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
 }
 
 /// A bound listening socket and what the accept loops of its address share.

@@ -336,6 +336,48 @@ async fn a_second_gateway_on_a_port_in_use_fails_to_start() {
 }
 
 #[tokio::test]
+async fn a_gateway_restarts_on_its_port_while_the_last_runs_connections_are_in_time_wait() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
+    let toml = format!("{}\n[server]\nworkers = 2\n", chat_config(&up.url()));
+    let first = TestGateway::start(&toml).await;
+    let port = first.running.addr(Address::Base).unwrap();
+    // The gateway closes these first, so their ends on its port wait in TIME_WAIT.
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(port).await.unwrap();
+        let request = format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\nconnection: close\r\n\r\n"
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200 "),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    first.running.shutdown(Duration::from_secs(5)).await;
+    let again = toml.replacen("base = \"127.0.0.1:0\"", &format!("base = \"{port}\""), 1);
+    let config = modelgate::config::Config::parse(&again, std::path::Path::new("."), &|_| {
+        Some("up-secret".to_owned())
+    })
+    .unwrap();
+    let second = match modelgate::server::start(&config).await {
+        Ok(g) => g,
+        Err(e) => panic!("the restart on {port} was refused: {e}"),
+    };
+    let resp = client()
+        .get(format!("http://{port}/v1/models"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    second.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
 async fn readyz_and_metrics_on_admin() {
     let gw = TestGateway::start(&chat_config("http://127.0.0.1:9")).await;
     let resp = client()
