@@ -402,8 +402,8 @@ async fn stopping(rx: &mut watch::Receiver<bool>) {
 
 /// Runs a connection until it ends, has been idle for the limit, or shutdown is signalled; then
 /// it finishes what is in flight and accepts nothing new. A macro, not a generic `async fn`:
-/// with hyper's connection types as a parameter, the task's future fails `Send` for every
-/// lifetime (rust-lang/rust#110338).
+/// with hyper's connection types as a parameter, the compiler cannot prove the task's future
+/// `Send` ("implementation of `Send` is not general enough").
 macro_rules! drive {
     ($conn:expr, $idle:expr, $stop:expr) => {{
         let conn = $conn;

@@ -95,33 +95,15 @@ async fn tls_listener_speaks_h2_and_http1_by_alpn() {
 }
 
 #[tokio::test]
-async fn a_plain_listener_tells_http2_from_http1_by_the_first_bytes_however_they_arrive() {
+async fn a_plain_listener_tells_http2_from_http1_by_the_first_bytes_however_they_come() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = FakeUpstream::start(|_| Reply::json(200, json!({"plain": true}))).await;
     let toml = format!("{}\n[server]\nworkers = 2\n", chat_config(&up.url()));
     let gw = TestGateway::start(&toml).await;
     let addr = gw.running.addr(Address::Base).unwrap();
 
-    // HTTP/2 with prior knowledge, from a real client.
-    let h2 = reqwest::Client::builder()
-        .no_proxy()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let resp = h2
-        .post(format!("http://{addr}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.json::<serde_json::Value>().await.unwrap(),
-        json!({"plain": true})
-    );
-
+    // (A real HTTP/2 client with prior knowledge: `http2_client_gets_the_same_answer` in
+    // tests/passthrough.rs.)
     // An HTTP/1.1 request a byte at a time: "P" is also how the HTTP/2 preface begins.
     let body = serde_json::to_string(&chat_body("m")).unwrap();
     let request = format!(
@@ -314,18 +296,22 @@ async fn event_loops_serve_concurrent_streams_drain_and_end_after_shutdown() {
     }
 }
 
+/// `toml`'s config with its base address on `addr` instead of any port.
+fn listening_on(toml: &str, addr: std::net::SocketAddr) -> modelgate::config::Config {
+    let toml = toml.replacen("base = \"127.0.0.1:0\"", &format!("base = \"{addr}\""), 1);
+    modelgate::config::Config::parse(&toml, std::path::Path::new("."), &|_| {
+        Some("up-secret".to_owned())
+    })
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_second_gateway_on_a_port_in_use_fails_to_start() {
     let up = FakeUpstream::start(|_| Reply::json(200, json!({}))).await;
     let toml = format!("{}\n[server]\nworkers = 2\n", chat_config(&up.url()));
     let first = TestGateway::start(&toml).await;
     let taken = first.running.addr(Address::Base).unwrap();
-    let second = toml.replacen("base = \"127.0.0.1:0\"", &format!("base = \"{taken}\""), 1);
-    let config = modelgate::config::Config::parse(&second, std::path::Path::new("."), &|_| {
-        Some("up-secret".to_owned())
-    })
-    .unwrap();
-    let err = match modelgate::server::start(&config).await {
+    let err = match modelgate::server::start(&listening_on(&toml, taken)).await {
         Ok(_) => panic!("a second gateway took {taken} beside the first"),
         Err(e) => e.to_string(),
     };
@@ -358,12 +344,7 @@ async fn a_gateway_restarts_on_its_port_while_the_last_runs_connections_are_in_t
         );
     }
     first.running.shutdown(Duration::from_secs(5)).await;
-    let again = toml.replacen("base = \"127.0.0.1:0\"", &format!("base = \"{port}\""), 1);
-    let config = modelgate::config::Config::parse(&again, std::path::Path::new("."), &|_| {
-        Some("up-secret".to_owned())
-    })
-    .unwrap();
-    let second = match modelgate::server::start(&config).await {
+    let second = match modelgate::server::start(&listening_on(&toml, port)).await {
         Ok(g) => g,
         Err(e) => panic!("the restart on {port} was refused: {e}"),
     };
