@@ -434,12 +434,19 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, stream: TcpStream, tls: Option<TlsAcceptor>, peer: SocketAddr) {
+    async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>, peer: SocketAddr) {
         let activity = Arc::new(Activity::new());
         let limits = self.shared.limits;
         // Watched below TLS, so a handshake that never starts and a TLS session that never
         // sends a request are both silence.
         let mut stream = Watched::new(stream, activity.clone(), limits.idle_timeout);
+        // One idle watch and one shutdown wait for the connection's life, from the first read
+        // to the last response: each made twice cost a timer and a waiter registered twice.
+        let idle = activity.idle_for(limits.client_idle_timeout);
+        tokio::pin!(idle);
+        let mut shutdown = self.shutdown.clone();
+        let stop = stopping(&mut shutdown);
+        tokio::pin!(stop);
         match tls {
             None => {
                 let protocol = tokio::select! {
@@ -450,10 +457,10 @@ impl Connection {
                             return;
                         }
                     },
-                    () = activity.idle_for(limits.client_idle_timeout) => return,
-                    () = stopping(&mut self.shutdown) => return,
+                    () = &mut idle => return,
+                    () = &mut stop => return,
                 };
-                self.serve(stream, protocol, activity).await
+                self.serve(stream, protocol, &activity, idle, stop).await
             }
             Some(acceptor) => {
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -465,7 +472,8 @@ impl Connection {
                         };
                         // Boxed: inline, the TLS connection's larger state would size every
                         // plain connection's task too (6.1 KB instead of 3.7 KB).
-                        crate::inplace::boxed(|| self.serve(s, protocol, activity)).await
+                        crate::inplace::boxed(|| self.serve(s, protocol, &activity, idle, stop))
+                            .await
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -474,8 +482,14 @@ impl Connection {
         }
     }
 
-    async fn serve<I>(mut self, io: I, protocol: Protocol, activity: Arc<Activity>)
-    where
+    async fn serve<I>(
+        self,
+        io: I,
+        protocol: Protocol,
+        activity: &Arc<Activity>,
+        idle: Pin<&mut (dyn Future<Output = ()> + Send + '_)>,
+        stop: Pin<&mut (dyn Future<Output = ()> + Send + '_)>,
+    ) where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let gw = self.shared.gw.clone();
@@ -501,8 +515,6 @@ impl Connection {
             }
         });
         let io = TokioIo::new(io);
-        let idle = activity.idle_for(self.shared.limits.client_idle_timeout);
-        let stop = stopping(&mut self.shutdown);
         match protocol {
             Protocol::Http1 => drive!(self.shared.h1.serve_connection(io, service), idle, stop),
             Protocol::Http2 => drive!(self.shared.h2.serve_connection(io, service), idle, stop),
