@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # CPU time per request at a fixed request rate, the gateway beside nginx (or a second gateway
 # build), measured in turn on the benchbed's mock: each round sends the benchbed's S1 (or S3)
-# request at RATE per second over 50 kept-alive connections for SECS seconds to each peer, and
+# request (or the S2 stream) at RATE per second over 50 kept-alive connections for SECS seconds to each peer, and
 # divides the on-CPU time of all the peer's threads (/proc/PID/task/*/schedstat, kernel time
 # included) by the requests served; the client's p50 latency beside it. At a low rate this is
 # what a request costs with cold caches, which instruction counts do not show. Timings on this
 # shared machine move from round to round: compare the peers within a round.
 # Needs oha, nginx, and the benchbed's mock-upstream built.
-#   benches/rate_cpu.sh [BIN] [RATE] [SECS] [ROUNDS] [json|messages] [BIN_B|nginx]
+#   benches/rate_cpu.sh [BIN] [RATE] [SECS] [ROUNDS] [json|messages|stream] [BIN_B|nginx]
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 bin=$(realpath "${1:-target/release/modelgate}")
@@ -41,10 +41,10 @@ else
 fi
 body=$chat_body
 path=/v1/chat/completions
-if [ "$kind" = messages ]; then
-    body=$messages_body
-    path=/v1/messages
-fi
+case $kind in
+    messages) body=$messages_body path=/v1/messages ;;
+    stream) body=$(streamed "$chat_body") ;;
+esac
 for _ in $(seq 100); do
     curl -sf -o /dev/null "http://127.0.0.1:$pa/healthz" 2>/dev/null && break
     curl -sf -o /dev/null -H "authorization: Bearer $key" "http://127.0.0.1:$pa/v1/models" && break

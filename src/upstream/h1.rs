@@ -77,6 +77,16 @@ impl Conn {
         Poll::Ready(Ok(n))
     }
 
+    /// Makes room for a response head before the request goes out. The last response's frames
+    /// are usually written and dropped by then, so the buffer takes back its whole allocation
+    /// in place; reading the next head into the tail the last response left would cost a second
+    /// read whenever the response is larger than that tail.
+    fn make_room(&mut self) {
+        if self.buf.is_empty() {
+            self.buf.reserve(self.read_size);
+        }
+    }
+
     /// True when the idle connection can take a request: the upstream has neither closed it nor
     /// sent anything unasked. The probe reads only if the runtime saw the socket become readable
     /// since its last read drained it; otherwise it answers `WouldBlock` without a system call.
@@ -339,6 +349,7 @@ async fn exchange(
     out: &Outgoing,
     reused: bool,
 ) -> Result<(codec::Head, Box<Conn>), Failure> {
+    conn.make_room();
     let written = match write_all(&mut conn.io, &out.wire).await {
         Ok(()) => write_all(&mut conn.io, &out.rest)
             .await
@@ -544,4 +555,30 @@ fn host_value(authority: &Authority) -> Result<HeaderValue, SendError> {
         _ => authority.host().to_owned(),
     };
     HeaderValue::try_from(value).map_err(|_| SendError::NoAuthority)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_takes_back_its_whole_buffer_for_the_next_head_once_the_last_frames_are_gone(
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, _accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let mut conn = Conn::new(client.unwrap());
+        conn.make_room();
+        let start = conn.buf.as_ptr();
+        assert!(conn.buf.capacity() >= READ_SIZE);
+        // A response of 5 000 bytes read and handed on as frames, leaving a short tail.
+        conn.buf.extend_from_slice(&[b'x'; 5000]);
+        let frame = conn.buf.split_to(5000).freeze();
+        assert!(conn.buf.capacity() < READ_SIZE);
+        drop(frame);
+        conn.make_room();
+        assert!(conn.buf.capacity() >= READ_SIZE, "{}", conn.buf.capacity());
+        assert_eq!(conn.buf.as_ptr(), start, "the buffer was allocated anew");
+    }
 }
