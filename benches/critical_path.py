@@ -9,8 +9,9 @@ timestamps of its system calls (`perf script` output of benches/critical_path.sh
   request before.
 
 Everything else a client waits for (the loopback, the upstream, the scheduler) is the same for
-any proxy. Each thread's calls are read in order: a read from a connection starts a request,
-the next write to another connection is its upstream, a read from that one is the answer.
+any proxy. Each thread's calls are read in order, per connection: a read from a client starts a
+request, the next write to a connection that is not a client's is its upstream, the next read
+from that one is the answer, and the next write to the client sends it.
 Usage: critical_path.py PERF_SCRIPT_TEXT
 """
 import re
@@ -37,9 +38,14 @@ def main(path):
     request = {True: [], False: []}
     reply, wake = [], []
     for events in calls(path):
-        state, client, upstream, since = None, None, None, 0.0
+        # One thread serves many connections: everything is kept per connection (descriptor).
+        clients = set()  # descriptors a request was read from
+        asked = {}  # client -> when its request was read, until it goes upstream
+        upstream_of = {}  # upstream -> the client whose request it carries
+        upstreams = set()  # descriptors requests went out on (a stream's later reads come here)
+        answering = {}  # client -> when its answer was read, until the first write of it
+        reused_at = {}  # client -> whether the request came on a connection used before
         woke, fd, entered = None, None, 0.0
-        seen = set()
         for t, name, args in events:
             if name == "sys_exit_epoll_wait":
                 if not args.rstrip().endswith("0x0"):
@@ -50,22 +56,26 @@ def main(path):
                 ret = int(RET.search(args).group(0), 16)
                 if ret == 0 or ret > 0x7FFFFFFF:  # end of stream, or an error (EAGAIN)
                     continue
-                if state in (None, "replied") and fd != upstream:
-                    state, client, since = "read", fd, t
-                    if fd in seen and woke is not None:
+                if fd in upstream_of:
+                    answering[upstream_of.pop(fd)] = t
+                elif fd not in upstreams and fd not in answering:
+                    reused_at[fd] = fd in clients
+                    if reused_at[fd] and woke is not None:
                         wake.append(entered - woke)
-                    reused = fd in seen
-                    seen.add(fd)
-                elif state == "sent" and fd == upstream:
-                    state, since = "answered", t
+                    clients.add(fd)
+                    asked[fd] = t
             elif name in ("sys_enter_sendto", "sys_enter_writev"):
                 fd = int(FD.search(args).group(1), 16)
-                if state == "read" and fd != client:
-                    request[reused].append(t - since)
-                    state, upstream = "sent", fd
-                elif state == "answered" and fd == client:
-                    reply.append(t - since)
-                    state = "replied"
+                if fd in answering:
+                    reply.append(t - answering.pop(fd))
+                elif fd not in clients and asked:
+                    # The request read last is the one being sent: a loop reads a request and
+                    # forwards it in one go.
+                    client = max(asked, key=asked.get)
+                    request[reused_at[client]].append(t - asked.pop(client))
+                    upstream_of[fd] = client
+                    upstreams.add(fd)
+                    clients.discard(fd)
     rows = [
         ("request, new connection", request[False]),
         ("request, reused connection", request[True]),

@@ -11,6 +11,8 @@
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime). With FRESH=1
 # every request opens a connection of its own (oha --disable-keepalive): what a new connection
 # adds, which at a low rate is half the benchbed's requests (its load client opens 50 afresh).
+# With CODE_LINES=1 it also prints the distinct code a request runs through, in 64-byte lines and
+# 4 KB pages (benches/code_lines.py): what a request fetches anew when its caches are cold.
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 bin=$(realpath "${1:-target/release/modelgate}")
@@ -34,7 +36,7 @@ esac
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \
-        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --config "$work/cfg/gw.toml" \
+        valgrind --tool=callgrind ${CODE_LINES:+--dump-instr=yes} --callgrind-out-file="$out" "$bin" serve --config "$work/cfg/gw.toml" \
         > "$work/gw.log" 2>&1 &
     local pid=$!
     for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
@@ -56,3 +58,6 @@ sleep 0.5
 zero=$(count 0)
 many=$(count "$n")
 echo "$kind: $(( (many - zero) / n )) instructions per request ($n requests, $bin)"
+if [ -n "${CODE_LINES:-}" ]; then
+    python3 "$(dirname "$0")/code_lines.py" "$work/cg.0.out" "$work/cg.$n.out" "$n"
+fi
