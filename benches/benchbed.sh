@@ -28,3 +28,42 @@ gateway_config() {
     mkdir -p "$1"
     sed -e "s/@PROJECT_PORT@/$2/" -e "s/@MOCK_PORT@/$3/" "$bb/conf/modelgate.toml.in" > "$1/gw.toml"
 }
+
+# For the benches that measure two peers in turn (rate_cpu.sh, critical_path.sh): starts the mock
+# on $mport, the gateway $bin on $pa (config in $work/a, with GW_EXTRA appended) and, on $pb,
+# nginx as the benchbed runs it (one worker per core) or, when $other is a binary, a second
+# gateway; waits for the gateway. Sets mock_pid, a_pid, b_pid and name_b, and the request of
+# $kind (json, messages or stream) in body and path.
+start_peers() {
+    start_mock "$mport" "$work/mock.log"
+    gateway_config "$work/a" "$pa" "$mport"
+    printf '%b' "${GW_EXTRA:-}" >> "$work/a/gw.toml"
+    BENCHBED_UPSTREAM_KEY=k "$bin" serve --config "$work/a/gw.toml" > "$work/a.log" 2>&1 &
+    a_pid=$!
+    if [ "$other" = nginx ]; then
+        mkdir -p "$work/nginx-tmp"
+        sed -e "s/@NGINX_WORKERS@/auto/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
+            -e "s/@NGINX_PORT@/$pb/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
+        nginx -c "$work/nginx.conf" -p "$work" > "$work/nginx.out" 2>&1 &
+        b_pid=$!
+        name_b=nginx
+    else
+        gateway_config "$work/b" "$pb" "$mport"
+        BENCHBED_UPSTREAM_KEY=k "$(realpath "$other")" serve --config "$work/b/gw.toml" \
+            > "$work/b.log" 2>&1 &
+        b_pid=$!
+        name_b=$(basename "$other")
+    fi
+    body=$chat_body
+    path=/v1/chat/completions
+    case $kind in
+        messages) body=$messages_body path=/v1/messages ;;
+        stream) body=$(streamed "$chat_body") ;;
+    esac
+    for _ in $(seq 100); do
+        curl -sf -o /dev/null -H "authorization: Bearer $key" "http://127.0.0.1:$pa/v1/models" \
+            && break
+        sleep 0.1
+    done
+    sleep 0.5
+}

@@ -25,36 +25,7 @@ pb=$((pa + 1))
 work=$(mktemp -d)
 mock_pid='' a_pid='' b_pid=''
 trap 'kill $mock_pid $a_pid $b_pid 2>/dev/null || true; rm -rf "$work"' EXIT
-start_mock "$mport" "$work/mock.log"
-gateway_config "$work/a" "$pa" "$mport"
-printf '%b' "${GW_EXTRA:-}" >> "$work/a/gw.toml"
-BENCHBED_UPSTREAM_KEY=k "$bin" serve --config "$work/a/gw.toml" > "$work/a.log" 2>&1 &
-a_pid=$!
-if [ "$other" = nginx ]; then
-    mkdir -p "$work/nginx-tmp"
-    sed -e "s/@NGINX_WORKERS@/auto/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
-        -e "s/@NGINX_PORT@/$pb/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
-    nginx -c "$work/nginx.conf" -p "$work" > "$work/nginx.out" 2>&1 &
-    b_pid=$!
-    name_b=nginx
-else
-    gateway_config "$work/b" "$pb" "$mport"
-    BENCHBED_UPSTREAM_KEY=k "$(realpath "$other")" serve --config "$work/b/gw.toml" \
-        > "$work/b.log" 2>&1 &
-    b_pid=$!
-    name_b=$(basename "$other")
-fi
-body=$chat_body
-path=/v1/chat/completions
-case $kind in
-    messages) body=$messages_body path=/v1/messages ;;
-    stream) body=$(streamed "$chat_body") ;;
-esac
-for _ in $(seq 100); do
-    curl -s -o /dev/null "http://127.0.0.1:$pa/v1/models" && break
-    sleep 0.1
-done
-sleep 0.5
+start_peers
 load() {
     oha "$@" -c 50 --no-tui -m POST -H "authorization: Bearer $key" \
         -H 'content-type: application/json' -d "$body" "$url"
