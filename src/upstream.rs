@@ -181,7 +181,14 @@ impl UpstreamClient {
         let fut = std::pin::pin!(async move {
             if plain {
                 let emit = |e: &mut h1::codec::Emit<'_>| headers.each(e);
-                match self.plain.send_with(&Method::POST, &uri, emit, body).await {
+                // Only what may reach the client is read of the answer's head: nothing the
+                // pipeline reads of a forwarded answer is outside `TO_CLIENT`.
+                let keep = h1::codec::Keep::Only(&TO_CLIENT);
+                match self
+                    .plain
+                    .send_with(&Method::POST, &uri, emit, body, keep)
+                    .await
+                {
                     Ok(resp) => Ok(resp.map(UpstreamIncoming::Plain)),
                     Err(e) => Err(classify_plain(name, e)),
                 }

@@ -1,10 +1,10 @@
-//! An upstream's HTTP/1.1 answer as the gateway's own client reads it (`upstream::h1::codec`: the head parser, interim answers skipped, then the body by its framing), from arbitrary bytes split into arbitrary reads: never a panic, and the same status, framing, body bytes, end and left-over bytes, or the same refusal, however the bytes were split.
+//! An upstream's HTTP/1.1 answer as the gateway's own client reads it (`upstream::h1::codec`: the head parser, interim answers skipped, then the body by its framing), from arbitrary bytes split into arbitrary reads: never a panic, and the same status, framing, body bytes, end and left-over bytes, or the same refusal, however the bytes were split and whichever headers the head keeps.
 #![no_main]
 
 use bytes::BytesMut;
 use http::Method;
 use libfuzzer_sys::fuzz_target;
-use modelgate::upstream::h1::codec::{parse_head, Chunked, Framing};
+use modelgate::upstream::h1::codec::{parse_head, Chunked, Framing, Keep};
 
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -32,7 +32,7 @@ enum Reading {
 }
 
 /// Feeds `input` in the reads `cuts` makes of it, as `PooledBody` and `exchange` do.
-fn read(input: &[u8], cuts: &[usize], method: &Method) -> Outcome {
+fn read(input: &[u8], cuts: &[usize], method: &Method, keep: Keep) -> Outcome {
     let mut buf = BytesMut::new();
     let mut reading = Reading::Head;
     let mut head = None;
@@ -45,7 +45,7 @@ fn read(input: &[u8], cuts: &[usize], method: &Method) -> Outcome {
         at = end;
         loop {
             match &mut reading {
-                Reading::Head => match parse_head(&mut buf, method) {
+                Reading::Head => match parse_head(&mut buf, method, keep) {
                     Ok(Some(h)) if h.status.is_informational() => continue,
                     Ok(Some(h)) => {
                         reading = match h.framing {
@@ -125,9 +125,14 @@ fuzz_target!(|input: &[u8]| {
         at += usize::from(len);
         cuts.push(at);
     }
-    let whole = read(wire, &[], &method);
-    let split = read(wire, &cuts, &method);
+    let whole = read(wire, &[], &method, Keep::All);
+    let split = read(wire, &cuts, &method, Keep::All);
     assert_eq!(whole, split, "reads split at {cuts:?}");
+    // A head read for a client keeps only a few headers; the body is read the same.
+    if whole != Outcome::BadHead {
+        let forwarded = read(wire, &cuts, &method, Keep::Only(&["content-type"]));
+        assert_eq!(whole, forwarded, "the head read for a client");
+    }
     if let Outcome::Body {
         framing: Framing::Length(n),
         data,

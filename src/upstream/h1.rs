@@ -140,6 +140,7 @@ struct Outgoing {
     method: Method,
     wire: Vec<u8>,
     rest: Bytes,
+    keep: codec::Keep,
 }
 
 impl H1Pool {
@@ -170,18 +171,21 @@ impl H1Pool {
             &parts.uri,
             codec::map_headers(&parts.headers),
             body,
+            codec::Keep::All,
         )
         .await
     }
 
     /// [`send`](Self::send) for a request whose headers `headers` hands to an emitter, written
-    /// straight onto the wire with no header map between.
+    /// straight onto the wire with no header map between; the response's head has the headers
+    /// `keep` asks for.
     pub async fn send_with(
         self: &Arc<Self>,
         method: &Method,
         uri: &Uri,
         headers: impl FnOnce(&mut codec::Emit<'_>),
         body: Bytes,
+        keep: codec::Keep,
     ) -> Result<Response<PooledBody>, SendError> {
         let authority = uri.authority().cloned().ok_or(SendError::NoAuthority)?;
         let (idle, host) = self.checkout(&authority)?;
@@ -200,6 +204,7 @@ impl H1Pool {
             method: method.clone(),
             wire,
             rest,
+            keep,
         };
         if let Some(conn) = idle {
             match exchange(conn, &out, true).await {
@@ -364,7 +369,7 @@ async fn exchange(
     }
     loop {
         if let Some(head) =
-            codec::parse_head(&mut conn.buf, &out.method).map_err(Failure::Failed)?
+            codec::parse_head(&mut conn.buf, &out.method, out.keep).map_err(Failure::Failed)?
         {
             if head.status.is_informational() {
                 if head.status == http::StatusCode::SWITCHING_PROTOCOLS {

@@ -107,9 +107,36 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
-/// Parses the response head at the start of `buf` and removes it from `buf`. `Ok(None)`: the head
-/// is not complete yet. Header values share the head's bytes rather than being copied.
-pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Error> {
+/// Which of a response's headers [`parse_head`] puts in the head's map.
+#[derive(Debug, Clone, Copy)]
+pub enum Keep {
+    /// Every header: the caller reads the head.
+    All,
+    /// These (lower-case names) and the framing headers reading the body needs; the rest are
+    /// skipped before they are made names and values. An API upstream sends a score of headers
+    /// (rate limits, tracing, cookies) that never reach a client.
+    Only(&'static [&'static str]),
+}
+
+/// The headers that say how a body is delimited and whether the connection stays open.
+const FRAMING_NAMES: [&str; 3] = ["content-length", "transfer-encoding", "connection"];
+
+impl Keep {
+    fn wants(self, name: &str) -> bool {
+        match self {
+            Keep::All => true,
+            Keep::Only(names) => FRAMING_NAMES
+                .iter()
+                .chain(names)
+                .any(|n| n.eq_ignore_ascii_case(name)),
+        }
+    }
+}
+
+/// Parses the response head at the start of `buf` and removes it from `buf`, with the headers
+/// `keep` asks for. `Ok(None)`: the head is not complete yet. Header values share the head's bytes
+/// rather than being copied.
+pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Option<Head>, Error> {
     // Uninitialised slots: zeroing 128 of them cost more than parsing a typical head.
     let mut slots =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -139,7 +166,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, E
     let base = buf.as_ptr() as usize;
     // On the stack for a usual head.
     let mut spans: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
-    for h in resp.headers.iter() {
+    for h in resp.headers.iter().filter(|h| keep.wants(h.name)) {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Head("bad header name"))?;
         let start = h.value.as_ptr() as usize - base;
@@ -509,7 +536,38 @@ mod tests {
     }
 
     fn head(raw: &str, method: Method) -> Result<Option<Head>, Error> {
-        parse_head(&mut BytesMut::from(raw.as_bytes()), &method)
+        parse_head(&mut BytesMut::from(raw.as_bytes()), &method, Keep::All)
+    }
+
+    #[test]
+    fn a_head_read_for_a_client_keeps_the_named_and_the_framing_headers_whatever_their_case() {
+        let raw = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nSet-Cookie: s=1\r\n\
+                   X-RateLimit-Remaining-Requests: 4999\r\nTransfer-Encoding: chunked\r\n\
+                   X-Request-Id: req_up\r\nConnection: close\r\nopenai-processing-ms: 12\r\n\r\n";
+        let only = Keep::Only(&["content-type", "x-request-id", "retry-after"]);
+        let forwarded = parse_head(&mut BytesMut::from(raw), &Method::POST, only)
+            .unwrap()
+            .unwrap();
+        let mut names: Vec<&str> = forwarded.headers.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "connection",
+                "content-type",
+                "transfer-encoding",
+                "x-request-id"
+            ]
+        );
+        assert_eq!(forwarded.headers["x-request-id"], "req_up");
+        let all = head(raw, Method::POST).unwrap().unwrap();
+        assert_eq!(all.headers.len(), 7);
+        // The body is read the same either way.
+        assert_eq!(
+            (forwarded.framing, forwarded.keep_alive),
+            (all.framing, all.keep_alive)
+        );
+        assert_eq!((all.framing, all.keep_alive), (Framing::Chunked, false));
     }
 
     #[test]
@@ -554,10 +612,14 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 429 Too Many\r\nRetry-After: 7\r\nX-Two: a\r\nx-two: b\r\n\r\nbody"[..],
         );
-        assert!(parse_head(&mut BytesMut::from(&buf[..20]), &Method::POST)
+        assert!(
+            parse_head(&mut BytesMut::from(&buf[..20]), &Method::POST, Keep::All)
+                .unwrap()
+                .is_none()
+        );
+        let h = parse_head(&mut buf, &Method::POST, Keep::All)
             .unwrap()
-            .is_none());
-        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+            .unwrap();
         assert_eq!(h.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(h.headers["retry-after"], "7");
         let two: Vec<_> = h.headers.get_all("x-two").iter().collect();
