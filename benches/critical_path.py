@@ -5,6 +5,8 @@ timestamps of its system calls (`perf script` output of benches/critical_path.sh
 - request: from the read that brought the client's request to the write that sends it upstream;
 - reply: from the read that brought the upstream's answer to the write that sends it to the
   client (the first write of a stream);
+- upstream: from that write to the read that brings the answer (the upstream's time, and the
+  scheduler's: how soon the upstream and then the proxy get a CPU);
 - wake: from the event loop's wake-up to that client read, on a connection that had served a
   request before.
 
@@ -36,7 +38,7 @@ def calls(path):
 
 def main(path):
     request = {True: [], False: []}
-    reply, wake = [], []
+    reply, wake, waited = [], [], []
     for events in calls(path):
         # One thread serves many connections: everything is kept per connection (descriptor).
         clients = set()  # descriptors a request was read from
@@ -44,6 +46,7 @@ def main(path):
         upstream_of = {}  # upstream -> the client whose request it carries
         upstreams = set()  # descriptors requests went out on (a stream's later reads come here)
         answering = {}  # client -> when its answer was read, until the first write of it
+        sent_at = {}  # upstream -> when the request went out on it, until its answer is read
         reused_at = {}  # client -> whether the request came on a connection used before
         woke, fd, entered = None, None, 0.0
         for t, name, args in events:
@@ -58,6 +61,8 @@ def main(path):
                     continue
                 if fd in upstream_of:
                     answering[upstream_of.pop(fd)] = t
+                    if fd in sent_at:
+                        waited.append(t - sent_at.pop(fd))
                 elif fd not in upstreams and fd not in answering:
                     reused_at[fd] = fd in clients
                     if reused_at[fd] and woke is not None:
@@ -74,12 +79,14 @@ def main(path):
                     client = max(asked, key=asked.get)
                     request[reused_at[client]].append(t - asked.pop(client))
                     upstream_of[fd] = client
+                    sent_at[fd] = t
                     upstreams.add(fd)
                     clients.discard(fd)
     rows = [
         ("request, new connection", request[False]),
         ("request, reused connection", request[True]),
         ("reply", reply),
+        ("upstream, send to answer", waited),
         ("wake to read, reused", wake),
     ]
     print(f"{'µs':<28} {'n':>5} {'p25':>6} {'p50':>6} {'p75':>6} {'mean':>6}")
