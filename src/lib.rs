@@ -50,6 +50,7 @@ pub mod metrics;
 pub mod mock;
 pub mod observe;
 pub mod passthrough;
+pub mod phases;
 pub mod pipeline;
 pub mod plan;
 pub mod reload;

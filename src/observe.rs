@@ -840,6 +840,7 @@ where
         let polled = this.inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                crate::phases::mark(crate::phases::Phase::Frame);
                 if let Some(f) = this.finisher.as_mut() {
                     if frame.data_ref().is_some_and(|d| !d.is_empty()) {
                         f.chunk(Instant::now());

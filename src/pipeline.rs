@@ -29,6 +29,7 @@ use crate::gateway::Services;
 use crate::limits::Hold;
 use crate::metrics::{Metrics, RouteSeries};
 use crate::observe::{Fate, Holds, Metered, Observed, Record, Tried, Tries, Usage, UsageReader};
+use crate::phases::{self, Phase};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
@@ -302,6 +303,7 @@ pub async fn handle(
             ..Holds::default()
         },
     };
+    phases::mark(Phase::Context);
     let ep = endpoint(address, &path);
     // Anthropic clients read every error under their path in their own shape, a 404 included.
     let shape = match ep {
@@ -383,6 +385,7 @@ pub async fn handle(
         fate: ctx.fate,
     };
     let metrics = gw.services.metrics.clone();
+    phases::mark(Phase::Recorded);
     // Boxed, though hyper could keep it by its type: hyper moves the body it holds several
     // times on the way out, and moves of the whole layer (about 250 bytes) cost more than the
     // allocation (memcpy 178 -> 383 instructions in hyper's `poll_write` alone), and every
@@ -753,7 +756,9 @@ async fn llm(
         ctx.keys_seen,
     )?;
     ctx.key = Some(principal.clone());
+    phases::mark(Phase::Authenticated);
     let bytes = read_body(body, &parts.headers, &gw.services.limits).await?;
+    phases::mark(Phase::Body);
     let obj = crate::validate::request_object(&bytes)?;
     let client_model: Arc<str> = Arc::from(validate::model_name(&obj)?.as_ref());
     ctx.client_model = Some(client_model.clone());
@@ -767,7 +772,9 @@ async fn llm(
             format!("the model {client_model:?} is a video model; use the video address"),
         ));
     }
+    phases::mark(Phase::Validated);
     let mut hold = admit(gw, &principal, principal.limits, ctx).await?;
+    phases::mark(Phase::Admitted);
     // A responses request may continue a stored conversation: it is expanded (or pinned to
     // the upstream that keeps it) before anything is planned.
     let prepared = match protocol {
@@ -785,6 +792,7 @@ async fn llm(
     };
     let mut plan = Plan::new(protocol, bytes, obj, &model, &client_model)?;
     plan.needs_usage = hold.wants_usage();
+    phases::mark(Phase::Planned);
     if let Some(p) = &prepared {
         plan.echo_previous = p.previous.clone();
         plan.pinned = p.pinned.clone();
@@ -938,7 +946,9 @@ async fn attempts(
             .as_ref()
             .map(|m| m.series.get(&m.name, &target.upstream.name));
         let started = tokio::time::Instant::now();
+        phases::mark(Phase::Picked);
         let result = send(gw, target, &encoded, headers, &ctx.request_id, plan.stream).await;
+        phases::mark(Phase::Checked);
         let elapsed = started.elapsed();
         let unhealthy = |rt: &Routing| {
             // Health follows what the target did, whatever the retry policy makes of it.
@@ -998,6 +1008,7 @@ async fn attempts(
                             Some((encoded.protocol, target.upstream.kind != UpstreamKind::Mock));
                         let limits = gw.services.limits;
                         let resp = respond!(resp, limits, encoded.reply, &ctx.fate, usage)?;
+                        phases::mark(Phase::Responded);
                         // The target counts this attempt in flight until its body is dropped.
                         ctx.holds.in_flight = Some(inflight);
                         return Ok(resp);
@@ -1146,6 +1157,7 @@ async fn send(
         .client
         .send_forward(upstream, uri, headers, encoded.body.clone())
         .await?;
+    phases::mark(Phase::Returned);
     let resp = upstream::check_answer(upstream, resp, stream, gw.services.limits.max_reply_bytes)?;
     if !resp.status().is_success() {
         tracing::info!(upstream = %upstream.name, status = resp.status().as_u16(), "upstream answered with an error");

@@ -22,6 +22,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Address, Config, Limits};
+use crate::phases::Phase;
 use crate::pipeline::{self, Gateway};
 
 /// Connections the kernel completes for a listening socket before one of its loops accepts them
@@ -501,8 +502,10 @@ impl Connection {
             let keys_seen = keys_seen.clone();
             // Counted from the request head until its response body is dropped, so a stream
             // with long pauses is never taken for an idle connection.
+            crate::phases::mark(Phase::Head);
             let request = busy.request();
             async move {
+                crate::phases::mark(Phase::Polled);
                 // hyper keeps this future's box for the connection's life, and the pipeline's
                 // future is several KB: boxed on its own, it is freed once the response head is
                 // out, instead of staying with every open stream and idle keep-alive connection
@@ -625,7 +628,9 @@ impl<S: AsyncRead + Unpin> Watched<S> {
     async fn sniff(&mut self) -> std::io::Result<Protocol> {
         self.first.reserve(FIRST_READ);
         loop {
-            if tokio::io::AsyncReadExt::read_buf(&mut self.inner, &mut self.first).await? == 0 {
+            let read = tokio::io::AsyncReadExt::read_buf(&mut self.inner, &mut self.first).await?;
+            crate::phases::begin(true);
+            if read == 0 {
                 // Closed before a request: the HTTP/1.1 codec ends the connection quietly.
                 return Ok(Protocol::Http1);
             }
@@ -648,7 +653,16 @@ impl<S: AsyncRead> AsyncRead for Watched<S> {
     ) -> Poll<std::io::Result<()>> {
         let this = self.project();
         if this.first.is_empty() {
-            return this.inner.poll_read(cx, buf);
+            if !crate::phases::ON {
+                return this.inner.poll_read(cx, buf);
+            }
+            let before = buf.filled().len();
+            let read = this.inner.poll_read(cx, buf);
+            // A request's first bytes: read with none in progress.
+            if buf.filled().len() > before && this.activity.requests.load(Ordering::Relaxed) == 0 {
+                crate::phases::begin(false);
+            }
+            return read;
         }
         let n = this.first.len().min(buf.remaining());
         buf.put_slice(this.first.get(..n).unwrap_or_default());
@@ -700,6 +714,7 @@ impl<S: AsyncWrite> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        crate::phases::end();
         let res = self.as_mut().project().inner.poll_write(cx, buf);
         self.track(cx, res)
     }

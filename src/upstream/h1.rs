@@ -31,6 +31,8 @@ pub mod codec;
 pub use codec::Error;
 use codec::{Chunked, Framing};
 
+use crate::phases::{self, Phase};
+
 /// Authorities remembered before those with no idle connection are forgotten.
 const MAX_ORIGINS: usize = 64;
 /// The first read buffer of a connection; a stream's frames are far smaller.
@@ -189,6 +191,7 @@ impl H1Pool {
     ) -> Result<Response<PooledBody>, SendError> {
         let authority = uri.authority().cloned().ok_or(SendError::NoAuthority)?;
         let (idle, host) = self.checkout(&authority)?;
+        phases::mark(Phase::Connection);
         let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let inline = body.len() <= INLINE_BODY;
         let mut wire = Vec::with_capacity(512 + if inline { body.len() } else { 0 });
@@ -355,12 +358,14 @@ async fn exchange(
     reused: bool,
 ) -> Result<(codec::Head, Box<Conn>), Failure> {
     conn.make_room();
+    phases::mark(Phase::Encoded);
     let written = match write_all(&mut conn.io, &out.wire).await {
         Ok(()) => write_all(&mut conn.io, &out.rest)
             .await
             .map_err(|(e, n)| (e, out.wire.len() + n)),
         Err(e) => Err(e),
     };
+    phases::mark(Phase::Written);
     match written {
         Ok(()) => {}
         // A reused connection the upstream had already closed refuses the first byte.
@@ -377,6 +382,7 @@ async fn exchange(
                 }
                 continue;
             }
+            phases::mark(Phase::Answered);
             return Ok((head, conn));
         }
         match poll_fn(|cx| conn.poll_fill(cx)).await {
