@@ -29,6 +29,26 @@ gateway_config() {
     sed -e "s/@PROJECT_PORT@/$2/" -e "s/@MOCK_PORT@/$3/" "$bb/conf/modelgate.toml.in" > "$1/gw.toml"
 }
 
+# Sets body and path to the request of kind $1: json (the default), stream, messages,
+# messages-stream or responses-stream.
+request_of() {
+    body=$chat_body path=/v1/chat/completions
+    case ${1:-json} in
+        stream) body=$(streamed "$chat_body") ;;
+        messages) body=$messages_body path=/v1/messages ;;
+        messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
+        responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;
+    esac
+}
+
+# Waits (up to 30 s) until a gateway answers on port $1.
+wait_ready() {
+    for _ in $(seq 150); do
+        curl -s -o /dev/null "http://127.0.0.1:$1/v1/models" && return
+        sleep 0.2
+    done
+}
+
 # For the benches that measure two peers in turn (rate_cpu.sh, critical_path.sh): starts the mock
 # on $mport, the gateway $bin on $pa (config in $work/a, with GW_EXTRA appended) and, on $pb,
 # nginx as the benchbed runs it (one worker per core) or, when $other is a binary, a second
@@ -54,16 +74,7 @@ start_peers() {
         b_pid=$!
         name_b=$(basename "$other")
     fi
-    body=$chat_body
-    path=/v1/chat/completions
-    case $kind in
-        messages) body=$messages_body path=/v1/messages ;;
-        stream) body=$(streamed "$chat_body") ;;
-    esac
-    for _ in $(seq 100); do
-        curl -sf -o /dev/null -H "authorization: Bearer $key" "http://127.0.0.1:$pa/v1/models" \
-            && break
-        sleep 0.1
-    done
+    request_of "$kind"
+    wait_ready "$pa"
     sleep 0.5
 }

@@ -18,12 +18,7 @@ n=${2:-300}
 kind=${3:-json}
 mport=${MOCK_PORT:-18380}
 port=${GATEWAY_PORT:-18390}
-body=$chat_body
-path=/v1/chat/completions
-if [ "$kind" = messages ]; then
-    body=$messages_body
-    path=/v1/messages
-fi
+request_of "$kind"
 work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 start_mock "$mport" "$work/mock.log"

@@ -25,21 +25,14 @@ trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 start_mock "$mport" "$work/mock.log"
 gateway_config "$work/cfg" "$gport" "$mport"
 printf '%b' "${GW_EXTRA:-}" >> "$work/cfg/gw.toml"
-body=$chat_body
-[ "$kind" = stream ] && body=$(streamed "$chat_body")
-path=/v1/chat/completions
-case $kind in
-    messages) body=$messages_body path=/v1/messages ;;
-    messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
-    responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;
-esac
+request_of "$kind"
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 \
         valgrind --tool=callgrind ${CODE_LINES:+--dump-instr=yes} --callgrind-out-file="$out" "$bin" serve --config "$work/cfg/gw.toml" \
         > "$work/gw.log" 2>&1 &
     local pid=$!
-    for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
+    wait_ready "$gport"
     # One warm-up request in both runs: the first request's one-time costs cancel out too.
     curl -s -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
         -d "$body" "http://127.0.0.1:$gport$path"

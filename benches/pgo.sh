@@ -40,7 +40,7 @@ gateway_config "$work/cfg" "$gport" "$mport"
 BENCHBED_UPSTREAM_KEY=k target/pgo-generate/release/modelgate serve --config "$work/cfg/gw.toml" \
     > "$work/gw.log" 2>&1 &
 gw_pid=$!
-for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
+wait_ready "$gport"
 
 responses='{"model":"mock-gpt","instructions":"You are terse.","input":"Say hello in five words.","max_output_tokens":64}'
 drive() {

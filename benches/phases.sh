@@ -9,7 +9,7 @@
 # upstream's own time shows in `written` (the write returns only once the kernel lets the
 # sender go on; on a busy core the upstream runs first) and `answered`.
 # Needs oha and the benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/phases.sh [RATE] [SECS] [ROUNDS] [json|messages|stream]
+#   benches/phases.sh [RATE] [SECS] [ROUNDS] [json|stream|messages|messages-stream|responses-stream]
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 rate=${1:-20}
@@ -27,12 +27,8 @@ start_mock "$mport" "$work/mock.log"
 gateway_config "$work/cfg" "$gport" "$mport"
 BENCHBED_UPSTREAM_KEY=k "$bin" serve --config "$work/cfg/gw.toml" > "$work/gw.log" 2>&1 &
 gw_pid=$!
-for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$gport/v1/models" && break; sleep 0.2; done
-body=$chat_body path=/v1/chat/completions
-case $kind in
-    messages) body=$messages_body path=/v1/messages ;;
-    stream) body=$(streamed "$chat_body") ;;
-esac
+wait_ready "$gport"
+request_of "$kind"
 seen=0
 for round in $(seq "$rounds"); do
     p50=$(oha -z "${secs}s" -q "$rate" -c 50 --latency-correction --no-tui --output-format json \
@@ -41,7 +37,8 @@ for round in $(seq "$rounds"); do
         python3 -c "import json,sys; print(round(json.load(sys.stdin)['latencyPercentiles']['p50']*1000, 3))")
     echo "== round $round, $kind at $rate/s: client p50 $p50 ms"
     sleep 0.2
+    # Only what this round added to the log.
     total=$(wc -l < "$work/gw.log")
-    tail -n "+$((seen + 1))" "$work/gw.log" | head -n "$((total - seen))" | grep -a '^phases' || true
+    sed -n "$((seen + 1)),${total}p" "$work/gw.log" | grep -a '^phases' || true
     seen=$total
 done
