@@ -7,96 +7,67 @@
 //! request at a time is in flight per loop; two interleaved requests on one loop would mix
 //! their marks, and the tool drops a request whose marks are out of order.
 
-/// The points a served request passes, in order; each phase is the time from the one before
-/// (from the read that brought the request, for the first).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// hyper has parsed the head and called the service.
-    Head,
-    /// The request's future is polled for the first time.
-    Polled,
-    /// The request id and the request's context are made.
-    Context,
-    /// The key is checked.
-    Authenticated,
-    /// The body is read.
-    Body,
-    /// The body is validated and the model resolved.
-    Validated,
-    /// The key's limits admitted the request.
-    Admitted,
-    /// The plan is made (what the request asks, how it is answered).
-    Planned,
-    /// A target is picked and the request encoded for it.
-    Picked,
-    /// An upstream connection is taken from the pool (the forwarded headers chosen first).
-    Connection,
-    /// The request's bytes are ready to write.
-    Encoded,
-    /// The request is written upstream (the write returns).
-    Written,
-    /// The answer's head is read and parsed.
-    Answered,
-    /// The client's send returns the answer.
-    Returned,
-    /// The attempt's loop has the answer (checked, errors redacted).
-    Checked,
-    /// The answer's body is set up for the client's protocol.
-    Responded,
-    /// The response's headers and the access record are made.
-    Recorded,
-    /// hyper has the body's first frame.
-    Frame,
-    /// The first write to the client begins.
-    Write,
+/// Declares [`Phase`], its variants in order with the name each prints as, once.
+macro_rules! phases {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// The points a served request passes, in order; each phase is the time from the one
+        /// before (from the read that brought the request, for the first).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Phase {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Phase {
+            pub const ALL: &[Phase] = &[$(Phase::$variant,)*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Phase::$variant => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Phase {
-    pub const ALL: [Phase; 19] = [
-        Phase::Head,
-        Phase::Polled,
-        Phase::Context,
-        Phase::Authenticated,
-        Phase::Body,
-        Phase::Validated,
-        Phase::Admitted,
-        Phase::Planned,
-        Phase::Picked,
-        Phase::Connection,
-        Phase::Encoded,
-        Phase::Written,
-        Phase::Answered,
-        Phase::Returned,
-        Phase::Checked,
-        Phase::Responded,
-        Phase::Recorded,
-        Phase::Frame,
-        Phase::Write,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Head => "head",
-            Phase::Polled => "polled",
-            Phase::Context => "context",
-            Phase::Authenticated => "auth",
-            Phase::Body => "body",
-            Phase::Validated => "validated",
-            Phase::Admitted => "admitted",
-            Phase::Planned => "planned",
-            Phase::Picked => "picked",
-            Phase::Connection => "connection",
-            Phase::Encoded => "encoded",
-            Phase::Written => "written",
-            Phase::Answered => "answered",
-            Phase::Returned => "returned",
-            Phase::Checked => "checked",
-            Phase::Responded => "responded",
-            Phase::Recorded => "recorded",
-            Phase::Frame => "frame",
-            Phase::Write => "write",
-        }
-    }
+phases! {
+    /// hyper has parsed the head and called the service.
+    Head = "head",
+    /// The request's future is polled for the first time.
+    Polled = "polled",
+    /// The request id and the request's context are made.
+    Context = "context",
+    /// The key is checked.
+    Authenticated = "auth",
+    /// The body is read.
+    Body = "body",
+    /// The body is validated and the model resolved.
+    Validated = "validated",
+    /// The key's limits admitted the request.
+    Admitted = "admitted",
+    /// The plan is made (what the request asks, how it is answered).
+    Planned = "planned",
+    /// A target is picked and the request encoded for it.
+    Picked = "picked",
+    /// An upstream connection is taken from the pool (the forwarded headers chosen first).
+    Connection = "connection",
+    /// The request's bytes are ready to write.
+    Encoded = "encoded",
+    /// The request is written upstream (the write returns).
+    Written = "written",
+    /// The answer's head is read and parsed.
+    Answered = "answered",
+    /// The client's send returns the answer.
+    Returned = "returned",
+    /// The attempt's loop has the answer (checked, errors redacted).
+    Checked = "checked",
+    /// The answer's body is set up for the client's protocol.
+    Responded = "responded",
+    /// The response's headers and the access record are made.
+    Recorded = "recorded",
+    /// hyper has the body's first frame.
+    Frame = "frame",
+    /// The first write to the client begins.
+    Write = "write",
 }
 
 /// Whether the marks are compiled in.
