@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
 # Makes the profile that release builds are laid out by (benches/pgo/modelgate.profdata, applied
 # by the rustc wrapper benches/pgo/rustc that .cargo/config.toml names): builds an instrumented
-# gateway, drives it with the benchbed's requests (chat JSON and stream passthrough, messages and
-# responses translated to a chat upstream, a messages and a responses stream), and merges the
-# counts. With them LLVM places the code a served request runs together and moves the rest out
-# of its cache lines, which is most of what a request costs at a low rate
-# (benches/footprint.sh). Run it again after
-# a change on the request path: a function changed since the profile was made is built as
-# without one. Needs rustup's llvm-tools component (for llvm-profdata; added when missing), oha,
-# and the benchbed's mock-upstream built. The next `cargo build --release` uses the new profile.
+# gateway, drives it with a fixed number of the benchbed's requests of each kind (chat JSON and
+# stream passthrough, messages and responses translated to a chat upstream, a messages and a
+# responses stream), and merges the counts. With them LLVM places the code a served request
+# runs together and moves the rest out of its cache lines, which is most of what a request
+# costs at a low rate (benches/footprint.sh). Run it again after a change on the request path:
+# a function changed since the profile was made is built as without one. Needs rustup's
+# llvm-tools component (for llvm-profdata; added when missing), oha, and the benchbed's
+# mock-upstream built. The next `cargo build --release` uses the new profile.
 #   benches/pgo.sh [OUT]      (default benches/pgo/modelgate.profdata)
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
 out=${1:-benches/pgo/modelgate.profdata}
 mport=${MOCK_PORT:-18380}
 gport=${GATEWAY_PORT:-18390}
-secs=${PGO_SECONDS:-4}
 
 sysroot=$(rustc --print sysroot)
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -34,6 +33,9 @@ mkdir -p "$profiles"
 # with a profile flag makes the wrapper leave the compile as it is.
 RUSTFLAGS="-Cprofile-generate=$profiles" \
     cargo build --release --bin modelgate --target-dir target/pgo-generate
+# The build scripts and proc macros the build ran were instrumented too, and wrote their own
+# counts here: only the gateway's belong in its profile.
+rm -f "$profiles"/*
 
 start_mock "$mport" "$work/mock.log"
 gateway_config "$work/cfg" "$gport" "$mport"
@@ -43,22 +45,28 @@ gw_pid=$!
 wait_ready "$gport"
 
 responses='{"model":"mock-gpt","instructions":"You are terse.","input":"Say hello in five words.","max_output_tokens":64}'
+# A number of requests per kind, not a time: the counts, and so what LLVM finds hot, are then
+# the same on a fast or a slow machine and from one run to the next. The mix follows what the
+# benchbed measures (chat JSON, on reused and new connections, streams, the translated messages
+# pair), with the other translated kinds present but few. With 4 s of each, the responses kinds
+# took a quarter of the requests, and a new connection's blocks (under a tenth) stayed below
+# LLVM's hot line. With messages at half of chat's count, the translated request's blocks were
+# laid out behind the passthrough's and ran through more code lines (README, twelfth session).
+# drive COUNT PATH BODY [new]: COUNT requests over two connections, or each on a new one.
 drive() {
-    oha -z "${secs}s" -c 2 --no-tui -m POST -H "authorization: Bearer $key" \
-        -H 'content-type: application/json' -d "$2" "http://127.0.0.1:$gport$1" > /dev/null
+    oha -n "$1" -c 2 ${4:+--disable-keepalive} --no-tui -m POST \
+        -H "authorization: Bearer $key" -H 'content-type: application/json' -d "$3" \
+        "http://127.0.0.1:$gport$2" > /dev/null
 }
-# The mix follows what the benchbed measures: passthrough first, then the translated pairs.
-drive /v1/chat/completions "$chat_body"
+drive 20000 /v1/chat/completions "$chat_body"
 # New connections too: at a low rate half the benchbed's requests open one (each load client
 # opens its 50 connections afresh).
-oha -z 2s -c 2 --disable-keepalive --no-tui -m POST -H "authorization: Bearer $key" \
-    -H 'content-type: application/json' -d "$chat_body" \
-    "http://127.0.0.1:$gport/v1/chat/completions" > /dev/null
-drive /v1/chat/completions "$(streamed "$chat_body")"
-drive /v1/messages "$messages_body"
-drive /v1/messages "$(streamed "$messages_body")"
-drive /v1/responses "$responses"
-drive /v1/responses "$(streamed "$responses")"
+drive 10000 /v1/chat/completions "$chat_body" new
+drive 8000 /v1/chat/completions "$(streamed "$chat_body")"
+drive 16000 /v1/messages "$messages_body"
+drive 2000 /v1/messages "$(streamed "$messages_body")"
+drive 1000 /v1/responses "$responses"
+drive 500 /v1/responses "$(streamed "$responses")"
 # The gateway writes its profile when it exits, and exits on SIGINT after draining.
 kill -INT "$gw_pid"
 wait "$gw_pid" || true
