@@ -21,6 +21,10 @@ use crate::metrics::{
 use crate::{ir, translate};
 use prometheus_client::metrics::histogram::Histogram;
 
+mod later;
+use later::{later, Later};
+pub use later::{run_later, settled, stop as stop_later};
+
 /// Tokens a reply reported.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tokens {
@@ -332,6 +336,16 @@ impl<B> Metered<B> {
     }
 }
 
+/// Settles a reply's usage once its last frame is out: after the write when no key's token
+/// limit waits for it, in place when one does (the key's next request must see the charge).
+fn settle_after(usage: &mut Option<Usage>) {
+    match usage.take() {
+        Some(u) if u.meter.is_none() && !u.done => later(Later::Settle(u)),
+        Some(mut u) => u.settle(),
+        None => {}
+    }
+}
+
 impl<B> HttpBody for Metered<B>
 where
     B: HttpBody<Data = Bytes>,
@@ -356,10 +370,10 @@ where
                 // The last frame of a body that knows its length: the reader is done now, and
                 // the record may be written before another poll comes.
                 if this.inner.is_end_stream() {
-                    usage.settle();
+                    settle_after(this.usage);
                 }
             }
-            Poll::Ready(None) => usage.settle(),
+            Poll::Ready(None) => settle_after(this.usage),
             _ => {}
         }
         polled
@@ -846,23 +860,23 @@ where
                         f.chunk(Instant::now());
                     }
                 }
-                // A body that knows it is over may never be polled again: finish now, before
-                // the client can see its last byte.
+                // A body that knows it is over may never be polled again: the record is
+                // queued now, and written once this last frame is out.
                 if this.inner.is_end_stream() {
                     if let Some(f) = this.finisher.take() {
-                        f.finish(true);
+                        later(Later::Finish(f, true));
                     }
                 }
             }
             Poll::Ready(Some(Err(_))) => {
                 if let Some(f) = this.finisher.take() {
                     f.record.fate.upstream_error();
-                    f.finish(true);
+                    later(Later::Finish(f, true));
                 }
             }
             Poll::Ready(None) => {
                 if let Some(f) = this.finisher.take() {
-                    f.finish(true);
+                    later(Later::Finish(f, true));
                 }
             }
             Poll::Pending => {}
