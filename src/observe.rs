@@ -368,7 +368,7 @@ where
                     usage.reader.feed(data);
                 }
                 // The last frame of a body that knows its length: the reader is done now, and
-                // the record may be written before another poll comes.
+                // another poll may never come.
                 if this.inner.is_end_stream() {
                     settle_after(this.usage);
                 }
