@@ -21,10 +21,6 @@ use crate::metrics::{
 use crate::{ir, translate};
 use prometheus_client::metrics::histogram::Histogram;
 
-mod later;
-use later::{later, Later};
-pub use later::{run_later, settled, stop as stop_later};
-
 /// Tokens a reply reported.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tokens {
@@ -336,16 +332,6 @@ impl<B> Metered<B> {
     }
 }
 
-/// Settles a reply's usage once its last frame is out: after the write when no key's token
-/// limit waits for it, in place when one does (the key's next request must see the charge).
-fn settle_after(usage: &mut Option<Usage>) {
-    match usage.take() {
-        Some(u) if u.meter.is_none() && !u.done => later(Later::Settle(u)),
-        Some(mut u) => u.settle(),
-        None => {}
-    }
-}
-
 impl<B> HttpBody for Metered<B>
 where
     B: HttpBody<Data = Bytes>,
@@ -368,12 +354,12 @@ where
                     usage.reader.feed(data);
                 }
                 // The last frame of a body that knows its length: the reader is done now, and
-                // another poll may never come.
+                // the record may be written before another poll comes.
                 if this.inner.is_end_stream() {
-                    settle_after(this.usage);
+                    usage.settle();
                 }
             }
-            Poll::Ready(None) => settle_after(this.usage),
+            Poll::Ready(None) => usage.settle(),
             _ => {}
         }
         polled
@@ -860,23 +846,23 @@ where
                         f.chunk(Instant::now());
                     }
                 }
-                // A body that knows it is over may never be polled again: the record is
-                // queued now, and written once this last frame is out.
+                // A body that knows it is over may never be polled again: finish now, before
+                // the client can see its last byte.
                 if this.inner.is_end_stream() {
                     if let Some(f) = this.finisher.take() {
-                        later(Later::Finish(f, true));
+                        f.finish(true);
                     }
                 }
             }
             Poll::Ready(Some(Err(_))) => {
                 if let Some(f) = this.finisher.take() {
                     f.record.fate.upstream_error();
-                    later(Later::Finish(f, true));
+                    f.finish(true);
                 }
             }
             Poll::Ready(None) => {
                 if let Some(f) = this.finisher.take() {
-                    later(Later::Finish(f, true));
+                    f.finish(true);
                 }
             }
             Poll::Pending => {}

@@ -429,8 +429,6 @@ async fn dispatch(
         Endpoint::Ready if gw.ready.load(Ordering::Relaxed) => Ok(text(StatusCode::OK, "ready\n")),
         Endpoint::Ready => Ok(text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")),
         Endpoint::Metrics => {
-            // Replies whose last byte is out may still be counting on their loops.
-            crate::observe::settled().await;
             let mut resp = text(StatusCode::OK, gw.services.metrics.render());
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

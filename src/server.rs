@@ -278,13 +278,6 @@ fn event_loop(
             reason = "the loop's log writer: ends with the runtime, which writes what is left"
         )]
         tokio::spawn(crate::logfmt::hold_access_lines());
-        // What replies leave for after their last byte (their usage, metrics and access
-        // record) is run by a task of this loop's own, right after the task that left it.
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "the loop's runner of work left for after a reply; `stop_later` runs what is left"
-        )]
-        tokio::spawn(crate::observe::run_later());
         let (mine, mut ended) = mpsc::channel::<()>(1);
         for l in listeners {
             if let Err(e) = spawn_accept(l, shared, shutdown, &mine) {
@@ -294,8 +287,6 @@ fn event_loop(
         drop(mine);
         let _ = ended.recv().await;
     });
-    // Before the runtime goes: what its last replies left is counted and logged below.
-    crate::observe::stop_later();
     // Dropping the runtime ends what its connections left behind (pooled HTTPS connections'
     // tasks), and the last access lines are written, before this loop counts as stopped.
     drop(rt);
