@@ -1,5 +1,5 @@
 # Sourced, not run: what the benches that run the gateway on the benchbed's fake provider share
-# (instructions.sh, footprint.sh, pgo.sh): the benchbed's mock, its client key, its requests,
+# (instructions.sh, footprint.sh, pgo.sh, bolt.sh): the benchbed's mock, its client key, its requests,
 # and the gateway's config for it. Run those from the project root, with ../shared beside it and
 # the benchbed built (cd ../shared/benchbed && cargo build --release).
 bb=$(realpath ../shared/benchbed)
@@ -77,4 +77,31 @@ start_peers() {
     request_of "$kind"
     wait_ready "$pa"
     sleep 0.5
+}
+
+# The requests both layout profiles are made from (pgo.sh, bolt.sh), sent to a gateway on
+# $gport. A number of requests per kind, not a time: the counts, and so what is found hot, are
+# then the same on a fast or a slow machine and from one run to the next. The mix follows what
+# the benchbed measures (chat JSON, on reused and new connections, streams, the translated
+# messages pair), with the other translated kinds present but few. With 4 s of each, the
+# responses kinds took a quarter of the requests, and a new connection's blocks (under a tenth)
+# stayed below LLVM's hot line. With messages at half of chat's count, the translated request's
+# blocks were laid out behind the passthrough's and ran through more code lines (README, twelfth
+# session).
+train() {
+    # COUNT PATH BODY [new]: COUNT requests over two connections, or each on a new one.
+    drive() {
+        oha -n "$1" -c 2 ${4:+--disable-keepalive} --no-tui -m POST \
+            -H "authorization: Bearer $key" -H 'content-type: application/json' -d "$3" \
+            "http://127.0.0.1:$gport$2" > /dev/null
+    }
+    drive 20000 /v1/chat/completions "$chat_body"
+    # New connections too: at a low rate half the benchbed's requests open one (each load
+    # client opens its 50 connections afresh).
+    drive 10000 /v1/chat/completions "$chat_body" new
+    drive 8000 /v1/chat/completions "$(streamed "$chat_body")"
+    drive 16000 /v1/messages "$messages_body"
+    drive 2000 /v1/messages "$(streamed "$messages_body")"
+    drive 1000 /v1/responses "$responses_body"
+    drive 500 /v1/responses "$(streamed "$responses_body")"
 }

@@ -8,7 +8,8 @@
 # costs at a low rate (benches/footprint.sh). Run it again after a change on the request path:
 # a function changed since the profile was made is built as without one. Needs rustup's
 # llvm-tools component (for llvm-profdata; added when missing), oha, and the benchbed's
-# mock-upstream built. The next `cargo build --release` uses the new profile.
+# mock-upstream built. The next `cargo build --release` uses the new profile. At its end it runs
+# benches/bolt.sh, whose post-link profile is made on the binary this profile builds.
 #   benches/pgo.sh [OUT]      (default benches/pgo/modelgate.profdata)
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
@@ -44,29 +45,7 @@ BENCHBED_UPSTREAM_KEY=k target/pgo-generate/release/modelgate serve --config "$w
 gw_pid=$!
 wait_ready "$gport"
 
-responses='{"model":"mock-gpt","instructions":"You are terse.","input":"Say hello in five words.","max_output_tokens":64}'
-# A number of requests per kind, not a time: the counts, and so what LLVM finds hot, are then
-# the same on a fast or a slow machine and from one run to the next. The mix follows what the
-# benchbed measures (chat JSON, on reused and new connections, streams, the translated messages
-# pair), with the other translated kinds present but few. With 4 s of each, the responses kinds
-# took a quarter of the requests, and a new connection's blocks (under a tenth) stayed below
-# LLVM's hot line. With messages at half of chat's count, the translated request's blocks were
-# laid out behind the passthrough's and ran through more code lines (README, twelfth session).
-# drive COUNT PATH BODY [new]: COUNT requests over two connections, or each on a new one.
-drive() {
-    oha -n "$1" -c 2 ${4:+--disable-keepalive} --no-tui -m POST \
-        -H "authorization: Bearer $key" -H 'content-type: application/json' -d "$3" \
-        "http://127.0.0.1:$gport$2" > /dev/null
-}
-drive 20000 /v1/chat/completions "$chat_body"
-# New connections too: at a low rate half the benchbed's requests open one (each load client
-# opens its 50 connections afresh).
-drive 10000 /v1/chat/completions "$chat_body" new
-drive 8000 /v1/chat/completions "$(streamed "$chat_body")"
-drive 16000 /v1/messages "$messages_body"
-drive 2000 /v1/messages "$(streamed "$messages_body")"
-drive 1000 /v1/responses "$responses"
-drive 500 /v1/responses "$(streamed "$responses")"
+train
 # The gateway writes its profile when it exits, and exits on SIGINT after draining.
 kill -INT "$gw_pid"
 wait "$gw_pid" || true
@@ -80,3 +59,9 @@ rustc -vV | sed -n 's/^LLVM version: //p' > "$(dirname "$out")/llvm-version"
 # cargo does not see a profile change, so the release build it would reuse is removed.
 cargo clean --release -q
 echo "profile: $out"
+# BOLT's profile names offsets in the binary this profile builds: made again with it.
+if command -v llvm-bolt-15 > /dev/null || command -v llvm-bolt > /dev/null; then
+    "$(dirname "$0")/bolt.sh"
+else
+    echo "llvm-bolt is not installed: run benches/bolt.sh where it is (benches/pgo/modelgate.fdata is now older than the profile)" >&2
+fi
