@@ -105,3 +105,17 @@ train() {
     drive 1000 /v1/responses "$responses_body"
     drive 500 /v1/responses "$(streamed "$responses_body")"
 }
+
+# Runs the gateway binary $1 on the mock (ports $mport and $gport, files in $work), sends it the
+# training requests, and stops it with SIGINT: it drains and exits, and an instrumented binary
+# writes what it counted as it exits. Sets mock_pid and gw_pid, for the caller's trap.
+train_binary() {
+    start_mock "$mport" "$work/mock.log"
+    gateway_config "$work/cfg" "$gport" "$mport"
+    BENCHBED_UPSTREAM_KEY=k "$1" serve --config "$work/cfg/gw.toml" > "$work/gw.log" 2>&1 &
+    gw_pid=$!
+    wait_ready "$gport"
+    train
+    kill -INT "$gw_pid"
+    wait "$gw_pid" || true
+}

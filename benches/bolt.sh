@@ -33,16 +33,7 @@ MODELGATE_BOLT=off RUSTFLAGS="-Clink-arg=-Wl,--emit-relocs" \
     -instrumentation-file="$work/counts.fdata" \
     > "$work/instrument.log" 2>&1 || { tail "$work/instrument.log" >&2; exit 1; }
 
-start_mock "$mport" "$work/mock.log"
-gateway_config "$work/cfg" "$gport" "$mport"
-BENCHBED_UPSTREAM_KEY=k "$work/instrumented" serve --config "$work/cfg/gw.toml" \
-    > "$work/gw.log" 2>&1 &
-gw_pid=$!
-wait_ready "$gport"
-train
-# The instrumented binary writes its counts when it exits, and it exits on SIGINT after draining.
-kill -INT "$gw_pid"
-wait "$gw_pid" || true
+train_binary "$work/instrumented"
 
 mkdir -p "$(dirname "$out")"
 cp "$work/counts.fdata" "$out"

@@ -38,17 +38,8 @@ RUSTFLAGS="-Cprofile-generate=$profiles" \
 # counts here: only the gateway's belong in its profile.
 rm -f "$profiles"/*
 
-start_mock "$mport" "$work/mock.log"
-gateway_config "$work/cfg" "$gport" "$mport"
-BENCHBED_UPSTREAM_KEY=k target/pgo-generate/release/modelgate serve --config "$work/cfg/gw.toml" \
-    > "$work/gw.log" 2>&1 &
-gw_pid=$!
-wait_ready "$gport"
-
-train
-# The gateway writes its profile when it exits, and exits on SIGINT after draining.
-kill -INT "$gw_pid"
-wait "$gw_pid" || true
+# The gateway writes its profile when it exits.
+train_binary target/pgo-generate/release/modelgate
 
 # Sparse: functions that never ran are left out (a quarter of the size). A loop that is only
 # ever left by being dropped (the connection's idle watch) has counted blocks whose successors
