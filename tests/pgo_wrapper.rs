@@ -150,6 +150,7 @@ fn gateway_compile(deps: &Path) -> Vec<String> {
         "src/main.rs",
         "--crate-type",
         "bin",
+        "--emit=dep-info,link",
         "-C",
         "opt-level=3",
         "-C",
@@ -336,7 +337,21 @@ fn no_other_compile_goes_through_bolt() {
         "-C",
         "opt-level=3",
     ];
-    for args in [RELEASE, &library] {
+    // The gateway's binary checked (`cargo check`, clippy): nothing is linked, an earlier
+    // build's binary stays as it is.
+    let deps = dir.0.join("deps");
+    let check: Vec<String> = gateway_compile(&deps)
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--emit=") {
+                "--emit=dep-info,metadata".to_owned()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let check: Vec<&str> = check.iter().map(String::as_str).collect();
+    for args in [RELEASE, &library, &check] {
         let ran = wrapper(&dir.0, args, &llvm, &[("PATH", &path)]);
         assert_eq!(&ran.rustc[..args.len()], args);
         assert_eq!(ran.rustc.len(), args.len() + 2, "{:?}", ran.rustc);
