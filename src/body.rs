@@ -1026,6 +1026,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reply_read_within_bounds_keeps_to_its_size_and_silence_limits() {
+        let fate = Fate::default();
+        let bounds = |max| Bounds {
+            idle: Duration::from_millis(20),
+            max,
+            fate: &fate,
+        };
+        let parts = || vec![b"{\"a\":".to_vec(), b"12345}".to_vec()];
+        // Up to the limit, the frames joined.
+        let got = collect_reply_within(frames_of(parts()), bounds(11)).await;
+        assert_eq!(got.ok().as_deref(), Some(&b"{\"a\":12345}"[..]));
+        // One byte over it, refused.
+        let err = collect_reply_within(frames_of(parts()), bounds(10))
+            .await
+            .err();
+        let err = err.as_ref().map(|e| (e.kind, e.message.as_str()));
+        assert_eq!(
+            err,
+            Some((
+                ErrorKind::UpstreamBadResponse,
+                "the upstream reply is larger than the limit of 10 bytes"
+            ))
+        );
+        // A body that goes quiet after its first frame is a timeout, not a wait forever.
+        let first = futures_util::stream::iter(vec![Ok::<_, std::convert::Infallible>(
+            Frame::data(Bytes::from_static(b"{")),
+        )]);
+        let body = http_body_util::StreamBody::new(futures_util::StreamExt::chain(
+            first,
+            futures_util::stream::pending(),
+        ));
+        let err = collect_reply_within(body, bounds(100)).await.err();
+        let err = err.as_ref().map(|e| (e.kind, e.message.as_str()));
+        assert_eq!(
+            err,
+            Some((
+                ErrorKind::UpstreamTimeout,
+                "the upstream sent nothing for 20 ms"
+            ))
+        );
+    }
+
+    #[tokio::test]
     async fn a_reply_that_breaks_is_an_upstream_error_saying_so() {
         let frames: Vec<Result<Frame<Bytes>, &str>> = vec![
             Ok(Frame::data(Bytes::from_static(b"{\"id\":"))),
@@ -1105,31 +1148,116 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    collect(body, None).await
+}
+
+/// What a reply read whole keeps to when no [`UpstreamBody`] watches it: no silence longer
+/// than `idle`, no more than `max` bytes, and how it failed told to the request's `fate`.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds<'a> {
+    pub idle: Duration,
+    pub max: u64,
+    pub fate: &'a Fate,
+}
+
+/// [`collect_reply`] within `bounds`: a translated JSON reply, read whole before any of it
+/// goes out, is read straight from the upstream's body rather than through the layers that
+/// watch a body on its way to the client (they cost a poll each per frame, and a box).
+pub async fn collect_reply_within<B>(body: B, bounds: Bounds<'_>) -> Result<Bytes, GatewayError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    collect(body, Some(bounds)).await
+}
+
+async fn collect<B>(body: B, bounds: Option<Bounds<'_>>) -> Result<Bytes, GatewayError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    enum Next<F> {
+        Frame(Option<F>),
+        Silent,
+    }
     let mut body = std::pin::pin!(body);
+    // Armed only when the body makes the reader wait, from then: most replies are all there
+    // when asked for, and never read the clock.
+    let mut idle = std::pin::pin!(None::<Sleep>);
     // A reply that came in one frame is that frame: `BodyExt::collect` would queue it in a
     // list of its own (an allocation) to hand it back.
     let mut first = Bytes::new();
     let mut joined: Option<Vec<u8>> = None;
-    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-        let frame = frame.map_err(|e| {
-            GatewayError::new(
+    let mut total: u64 = 0;
+    loop {
+        let next = std::future::poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if idle.is_some() {
+                    idle.set(None);
+                }
+                Poll::Ready(Next::Frame(frame))
+            }
+            Poll::Pending => {
+                let Some(b) = &bounds else {
+                    return Poll::Pending;
+                };
+                if idle.is_none() {
+                    idle.set(Some(tokio::time::sleep(b.idle)));
+                }
+                match idle.as_mut().as_pin_mut() {
+                    Some(sleep) => sleep.poll(cx).map(|()| Next::Silent),
+                    None => Poll::Pending,
+                }
+            }
+        })
+        .await;
+        let failure = match next {
+            Next::Frame(None) => break,
+            Next::Frame(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                total = total.saturating_add(data.len() as u64);
+                match bounds.as_ref().filter(|b| total > b.max) {
+                    Some(b) => reply_too_large(b.max),
+                    None => {
+                        match &mut joined {
+                            Some(all) => all.extend_from_slice(&data),
+                            None if first.is_empty() => first = data,
+                            None => {
+                                let mut all = Vec::with_capacity(first.len() + data.len());
+                                all.extend_from_slice(&first);
+                                all.extend_from_slice(&data);
+                                joined = Some(all);
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
+            Next::Frame(Some(Err(e))) => GatewayError::new(
                 ErrorKind::UpstreamBadResponse,
                 format!("reading the upstream reply: {e}"),
-            )
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
+            ),
+            Next::Silent => {
+                let idle = IdleTimeout(bounds.map_or(Duration::ZERO, |b| b.idle));
+                GatewayError {
+                    source: Some(std::sync::Arc::new(idle)),
+                    ..GatewayError::new(
+                        ErrorKind::UpstreamTimeout,
+                        format!("the upstream sent nothing for {} ms", idle.0.as_millis()),
+                    )
+                }
+            }
         };
-        match &mut joined {
-            Some(all) => all.extend_from_slice(&data),
-            None if first.is_empty() => first = data,
-            None => {
-                let mut all = Vec::with_capacity(first.len() + data.len());
-                all.extend_from_slice(&first);
-                all.extend_from_slice(&data);
-                joined = Some(all);
+        if let Some(b) = bounds {
+            tracing::warn!(error = %failure, "upstream body failed");
+            match failure.kind {
+                ErrorKind::UpstreamTimeout => b.fate.timeout(),
+                _ => b.fate.upstream_error(),
             }
         }
+        return Err(failure);
     }
     Ok(joined.map_or(first, Bytes::from))
 }

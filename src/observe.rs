@@ -295,6 +295,16 @@ impl Usage {
         }
     }
 
+    /// Settles for a JSON reply read whole here rather than as it passed: with the usage its
+    /// translation read, or what the counter finds in `body` when it read as no reply.
+    pub fn settle_reply(mut self, body: &Bytes, read: Option<ir::Usage>) {
+        match read {
+            Some(usage) => self.reader.usage = usage,
+            None => self.reader.feed(body),
+        }
+        self.settle();
+    }
+
     fn settle(&mut self) {
         if std::mem::replace(&mut self.done, true) {
             return;

@@ -1239,45 +1239,48 @@ async fn translated_response(
             headers.insert(X_MODELGATE_DROPPED.clone(), v);
         }
     }
+    if !stream {
+        let bounds = body::Bounds {
+            idle: limits.idle_timeout,
+            max: limits.max_reply_bytes,
+            fate,
+        };
+        let bytes = body::collect_reply_within(inner, bounds).await?;
+        let (status, reply, read) = t.json_reply_counted(parts.status, &bytes);
+        // The translation read the reply's usage already: the counter takes it from there.
+        if let Some(usage) = usage {
+            usage.settle_reply(&bytes, read);
+        }
+        let mut resp = Response::new(body::full(reply));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return Ok(resp);
+    }
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
-    // Send analysis of this future (rust-lang/rust#110338).
-    let limit = match stream {
-        // The translator bounds a stream's events itself.
-        true => SizeLimit::Unbounded,
-        false => SizeLimit::Reply(limits.max_reply_bytes),
-    };
+    // Send analysis of this future (rust-lang/rust#110338). The translator bounds a stream's
+    // events itself.
     let inner = Metered::new(inner, usage);
     let upstream_body = UpstreamBody::for_client(
         inner,
         limits.idle_timeout,
         StreamGuard::None,
         fate.clone(),
-        limit,
+        SizeLimit::Unbounded,
     );
-    // Boxed for a JSON reply too: unboxed, the body (about 500 bytes) would be held in this
-    // future while it is read, and so in every request's future, passthrough ones included.
     let body: Body = BodyExt::boxed(upstream_body);
-    if stream {
-        let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
-        let mut resp = Response::new(BodyExt::boxed(translated));
-        *resp.headers_mut() = headers;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        resp.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(resp);
-    }
-    let bytes = body::collect_reply(body).await?;
-    let (status, reply) = t.json_reply(parts.status, &bytes);
-    let mut resp = Response::new(body::full(reply));
-    *resp.status_mut() = status;
+    let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
+    let mut resp = Response::new(BodyExt::boxed(translated));
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static("text/event-stream"),
     );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(resp)
 }
 

@@ -323,6 +323,17 @@ impl Translation {
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
     pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Vec<u8>) {
+        let (status, reply, _) = self.json_reply_counted(status, body);
+        (status, reply)
+    }
+
+    /// [`Self::json_reply`], and the usage the upstream's reply reported when it was read as
+    /// a reply: the usage counter need not read it a second time.
+    pub fn json_reply_counted(
+        &self,
+        status: StatusCode,
+        body: &[u8],
+    ) -> (StatusCode, Vec<u8>, Option<ir::Usage>) {
         let not_json = || ir::ErrorInfo {
             status: 502,
             message: "the upstream answered with a body that is not JSON".into(),
@@ -353,6 +364,7 @@ impl Translation {
             return (
                 status,
                 crate::json::to_bytes(&error_body(self.client, &info)),
+                None,
             );
         }
         let value = || crate::json::from_body::<Value>(body).map_err(|_| not_json());
@@ -372,14 +384,19 @@ impl Translation {
         self.reply_from(decoded)
     }
 
-    /// The client's reply for what the upstream's reply read as, or its error.
-    fn reply_from(&self, decoded: Result<ir::Response, ir::ErrorInfo>) -> (StatusCode, Vec<u8>) {
+    /// The client's reply for what the upstream's reply read as, or its error; and the usage
+    /// it read.
+    fn reply_from(
+        &self,
+        decoded: Result<ir::Response, ir::ErrorInfo>,
+    ) -> (StatusCode, Vec<u8>, Option<ir::Usage>) {
         let r = match decoded {
             Ok(r) => r,
             Err(info) => {
                 return (
                     StatusCode::BAD_GATEWAY,
                     crate::json::to_bytes(&error_body(self.client, &info)),
+                    None,
                 )
             }
         };
@@ -394,7 +411,7 @@ impl Translation {
                 &self.client_tools(),
             )),
         };
-        (StatusCode::OK, bytes)
+        (StatusCode::OK, bytes, Some(r.usage))
     }
 
     pub fn stream_decoder(&self) -> StreamDecoder {

@@ -458,3 +458,55 @@ async fn text_access_lines_have_every_field_and_follow_the_filter() {
         assert!(found.iter().any(|l| l.contains(&model)), "{found:?}");
     }
 }
+
+#[tokio::test]
+async fn a_translated_reply_counts_the_usage_its_upstream_reported() {
+    let usage = json!({"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 3}});
+    let up = FakeUpstream::start(move |seen| {
+        let v = seen.json();
+        let choices = match v["model"].as_str().unwrap_or("") {
+            // No choice: the reply cannot be translated, and its usage still counts.
+            "m-empty" => json!([]),
+            _ => json!([{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]),
+        };
+        Reply::json(
+            200,
+            json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": choices, "usage": usage}),
+        )
+    })
+    .await;
+    let served = Served::start(&gateway_config(&up.url(), false), true);
+    let url = format!("{}/v1/messages", served.base);
+    for (model, status) in [("m-json", 200), ("m-empty", 502)] {
+        let body = json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+        let (got, _, reply) = post_json(&url, body).await;
+        assert_eq!(got, status, "{reply}");
+        if status == 200 {
+            // What the client reads is the same usage, in its protocol's words.
+            assert_eq!(reply["usage"]["input_tokens"], 8, "{reply}");
+            assert_eq!(reply["usage"]["cache_read_input_tokens"], 3, "{reply}");
+            assert_eq!(reply["usage"]["output_tokens"], 7, "{reply}");
+        }
+        let log = served.access().await;
+        assert_eq!(log["model"], model);
+        assert_eq!(
+            (
+                &log["input_tokens"],
+                &log["output_tokens"],
+                &log["cached_tokens"]
+            ),
+            (&json!(11), &json!(7), &json!(3)),
+            "{log}"
+        );
+    }
+    let text = served.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_tokens_total{model=\"m*\",key=\"test\",direction=\"output\"}"
+        ),
+        Some(14.0),
+        "{text}"
+    );
+}

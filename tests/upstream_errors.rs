@@ -337,3 +337,40 @@ async fn unknown_path_404_and_wrong_method_405() {
     assert_eq!(resp.status(), 405);
     assert_eq!(resp.headers()["allow"], "POST");
 }
+
+#[tokio::test]
+async fn a_translated_reply_that_stalls_past_the_idle_timeout_is_504() {
+    // The test config's idle timeout is 2 s; the reply's second half comes 5 s after its first.
+    let up = FakeUpstream::start(|_| Reply::Stream {
+        status: 200,
+        content_type: "application/json",
+        chunks: vec![
+            (Duration::ZERO, bytes::Bytes::from_static(b"{\"id\":\"c\",")),
+            (
+                Duration::from_secs(5),
+                bytes::Bytes::from_static(b"\"choices\":[]}"),
+            ),
+        ],
+        abort: false,
+    })
+    .await;
+    let gw = TestGateway::start(&chat_config(&up.url())).await;
+    // messages client → chat upstream: the reply is read whole to be translated.
+    let body =
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, v) = post_json(&gw.base("/v1/messages"), body).await;
+    assert_eq!(status, 504, "{v}");
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "timeout_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sent nothing for 2000 ms"),
+        "{v}"
+    );
+    assert!(
+        up.wait_cancelled(Duration::from_secs(2)).await,
+        "the stalled upstream is dropped"
+    );
+}
