@@ -3,10 +3,11 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses-stream] [N]
+#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses-stream|claude] [N]
 # (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream;
 # messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's;
-# responses-stream: the same question as a streamed Responses request, translated likewise)
+# responses-stream: the same question as a streamed Responses request, translated likewise;
+# claude: the benchbed's chat request for the mock's messages upstream, translated both ways)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime). With FRESH=1
 # every request opens a connection of its own (oha --disable-keepalive): what a new connection

@@ -270,6 +270,15 @@ pub fn request(
     )
 }
 
+/// An upstream's JSON reply read as `T`: by hand, or by serde when the hand reader is unsure;
+/// `None` when it is not JSON.
+fn read_reply<'a, T: hand::Hand<'a> + serde::Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
+    std::str::from_utf8(body)
+        .ok()
+        .and_then(hand::object::<T>)
+        .or_else(|| crate::json::from_body::<T>(body).ok())
+}
+
 /// The client-protocol error body for an upstream failure.
 pub fn error_body(client: Protocol, e: &ir::ErrorInfo) -> Value {
     match client {
@@ -367,19 +376,18 @@ impl Translation {
                 None,
             );
         }
-        let value = || crate::json::from_body::<Value>(body).map_err(|_| not_json());
+        // Chat and messages replies are read straight into the few members that count: no
+        // `Value` tree, and by hand unless the reply is one the hand reader leaves to serde.
         let decoded = match self.upstream {
-            // The usual answer, read straight into the few members that count: no `Value` tree,
-            // and by hand unless the reply is one the hand reader leaves to serde.
-            Protocol::Chat => std::str::from_utf8(body)
-                .ok()
-                .and_then(hand::object::<chat::Reply<'_>>)
-                .map_or_else(|| crate::json::from_body::<chat::Reply<'_>>(body), Ok)
-                .map_err(|_| not_json())
+            Protocol::Chat => read_reply::<chat::Reply<'_>>(body)
+                .ok_or_else(not_json)
                 .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
-            Protocol::Messages => value()
-                .and_then(|v| messages::response_to_ir(&v, self.json_mode()).map_err(to_info)),
-            Protocol::Responses => value().and_then(|v| responses::response_to_ir(&v)),
+            Protocol::Messages => read_reply::<messages::UpstreamReply<'_>>(body)
+                .ok_or_else(not_json)
+                .map(|reply| messages::reply_to_ir(&reply, self.json_mode())),
+            Protocol::Responses => crate::json::from_body::<Value>(body)
+                .map_err(|_| not_json())
+                .and_then(|v| responses::response_to_ir(&v)),
         };
         self.reply_from(decoded)
     }
@@ -401,9 +409,9 @@ impl Translation {
             }
         };
         let bytes = match self.client {
-            // The messages reply is written straight from its structs.
+            // The chat and messages replies are written straight to bytes.
             Protocol::Messages => messages::response_bytes(&r, &self.client_model),
-            Protocol::Chat => crate::json::to_bytes(&chat::ir_to_response(&r, &self.client_model)),
+            Protocol::Chat => chat::response_bytes(&r, &self.client_model),
             Protocol::Responses => crate::json::to_bytes(&responses::ir_to_response(
                 &r,
                 &self.client_model,

@@ -6,6 +6,7 @@ use super::common::*;
 use crate::config::Protocol;
 use crate::error::GatewayError;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
+use crate::json::write_json_str;
 use crate::sse;
 use crate::translate::counts::Counts;
 use crate::translate::lax::{lax_struct, Loose, RawText};
@@ -172,50 +173,142 @@ pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
     })
 }
 
-/// Writes the chat reply a chat client expects.
-pub fn ir_to_response(r: &ir::Response, client_model: &str) -> Value {
-    let mut text = String::new();
-    let mut reasoning = String::new();
-    let mut blocks = Vec::new();
-    let mut calls = Vec::new();
+/// Writes the chat reply a chat client expects, straight to bytes: the members `Value` would
+/// hold, in its (alphabetical) order at every level, so the bytes are those a tree wrote.
+pub fn response_bytes(r: &ir::Response, client_model: &str) -> Vec<u8> {
+    let mut text_len = 0;
+    let mut reasoning_len = 0;
+    let mut blocks = false;
+    let mut calls = false;
     for p in &r.content {
         match p {
-            Part::Text(t) => text.push_str(t),
+            Part::Text(t) => text_len += t.len(),
             Part::Reasoning(rs) => {
-                reasoning.push_str(&rs.text);
-                if let Some(sig) = &rs.signature {
-                    blocks.push(json!({"type": "thinking", "thinking": rs.text, "signature": sig}));
-                } else if let Some(data) = &rs.redacted {
-                    blocks.push(json!({"type": "redacted_thinking", "data": data}));
-                }
+                reasoning_len += rs.text.len();
+                blocks |= rs.signature.is_some() || rs.redacted.is_some();
             }
-            Part::ToolCall {
-                id,
-                name,
-                arguments,
-            } => calls.push(json!({
-                "id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+            Part::ToolCall { .. } => calls = true,
             _ => {}
         }
     }
-    let mut msg = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }, "refusal": null});
-    if !reasoning.is_empty() {
-        msg["reasoning_content"] = json!(reasoning);
+    let mut out =
+        Vec::with_capacity(400 + text_len + 2 * reasoning_len + r.id.len() + client_model.len());
+    out.extend_from_slice(b"{\"choices\":[{\"finish_reason\":");
+    write_json_str(&mut out, finish_name(&r.finish));
+    out.extend_from_slice(b",\"index\":0,\"logprobs\":null,\"message\":{\"content\":");
+    if text_len == 0 && calls {
+        out.extend_from_slice(b"null");
+    } else {
+        write_joined(
+            &mut out,
+            r.content.iter().filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_str()),
+                _ => None,
+            }),
+        );
     }
-    if !blocks.is_empty() {
-        msg["thinking_blocks"] = Value::Array(blocks);
+    let reasoning = r.content.iter().filter_map(|p| match p {
+        Part::Reasoning(rs) => Some(rs),
+        _ => None,
+    });
+    if reasoning_len > 0 {
+        out.extend_from_slice(b",\"reasoning_content\":");
+        write_joined(&mut out, reasoning.clone().map(|rs| rs.text.as_str()));
     }
-    if !calls.is_empty() {
-        msg["tool_calls"] = Value::Array(calls);
+    out.extend_from_slice(b",\"refusal\":null,\"role\":\"assistant\"");
+    if blocks {
+        out.extend_from_slice(b",\"thinking_blocks\":[");
+        let mut first = true;
+        for rs in reasoning {
+            let comma = if first { "" } else { "," };
+            if let Some(sig) = &rs.signature {
+                out.extend_from_slice(comma.as_bytes());
+                out.extend_from_slice(b"{\"signature\":");
+                write_json_str(&mut out, sig);
+                out.extend_from_slice(b",\"thinking\":");
+                write_json_str(&mut out, &rs.text);
+                out.extend_from_slice(b",\"type\":\"thinking\"}");
+            } else if let Some(data) = &rs.redacted {
+                out.extend_from_slice(comma.as_bytes());
+                out.extend_from_slice(b"{\"data\":");
+                write_json_str(&mut out, data);
+                out.extend_from_slice(b",\"type\":\"redacted_thinking\"}");
+            } else {
+                continue;
+            }
+            first = false;
+        }
+        out.push(b']');
     }
-    json!({
-        "id": reprefix(&r.id, "chatcmpl-"),
-        "object": "chat.completion",
-        "created": r.created,
-        "model": client_model,
-        "choices": [{"index": 0, "message": msg, "logprobs": null, "finish_reason": finish_name(&r.finish)}],
-        "usage": usage_json(&r.usage),
-    })
+    if calls {
+        out.extend_from_slice(b",\"tool_calls\":[");
+        let mut first = true;
+        for p in &r.content {
+            let Part::ToolCall {
+                id,
+                name,
+                arguments,
+            } = p
+            else {
+                continue;
+            };
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(b"{\"function\":{\"arguments\":");
+            write_json_str(&mut out, arguments);
+            out.extend_from_slice(b",\"name\":");
+            write_json_str(&mut out, name);
+            out.extend_from_slice(b"},\"id\":");
+            write_json_str(&mut out, id);
+            out.extend_from_slice(b",\"type\":\"function\"}");
+        }
+        out.push(b']');
+    }
+    let mut n = itoa::Buffer::new();
+    out.extend_from_slice(b"}}],\"created\":");
+    out.extend_from_slice(n.format(r.created).as_bytes());
+    out.extend_from_slice(b",\"id\":");
+    write_json_str(&mut out, &reprefix(&r.id, "chatcmpl-"));
+    out.extend_from_slice(b",\"model\":");
+    write_json_str(&mut out, client_model);
+    out.extend_from_slice(b",\"object\":\"chat.completion\",\"usage\":");
+    write_usage(&mut out, &r.usage);
+    out.push(b'}');
+    out
+}
+
+/// Writes the strings one after the other as one JSON string.
+fn write_joined<'s>(out: &mut Vec<u8>, parts: impl Iterator<Item = &'s str> + Clone) {
+    let mut rest = parts.clone();
+    match (rest.next(), rest.next()) {
+        (Some(only), None) => write_json_str(out, only),
+        // Rare: no part, or several to join.
+        _ => write_json_str(out, &parts.collect::<String>()),
+    }
+}
+
+/// The usage as [`usage_json`]'s tree writes it.
+fn write_usage(out: &mut Vec<u8>, u: &Usage) {
+    let mut n = itoa::Buffer::new();
+    out.extend_from_slice(b"{\"completion_tokens\":");
+    out.extend_from_slice(n.format(u.output).as_bytes());
+    out.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
+    out.extend_from_slice(n.format(u.reasoning).as_bytes());
+    out.extend_from_slice(b"},\"prompt_tokens\":");
+    out.extend_from_slice(n.format(u.prompt_total()).as_bytes());
+    out.extend_from_slice(b",\"prompt_tokens_details\":{");
+    if u.cache_write > 0 {
+        out.extend_from_slice(b"\"cache_write_tokens\":");
+        out.extend_from_slice(n.format(u.cache_write).as_bytes());
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"cached_tokens\":");
+    out.extend_from_slice(n.format(u.cache_read).as_bytes());
+    out.extend_from_slice(b"},\"total_tokens\":");
+    out.extend_from_slice(n.format(u.total()).as_bytes());
+    out.push(b'}');
 }
 
 // === errors ===
@@ -250,6 +343,124 @@ pub fn error_from_body(status: u16, v: &Value) -> ir::ErrorInfo {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
     use super::*;
+
+    /// The reply as the gateway wrote it through a `Value` tree before [`response_bytes`]: the
+    /// reference its bytes are held to.
+    fn value_response(r: &ir::Response, client_model: &str) -> Value {
+        let mut text = String::new();
+        let mut reasoning = String::new();
+        let mut blocks = Vec::new();
+        let mut calls = Vec::new();
+        for p in &r.content {
+            match p {
+                Part::Text(t) => text.push_str(t),
+                Part::Reasoning(rs) => {
+                    reasoning.push_str(&rs.text);
+                    if let Some(sig) = &rs.signature {
+                        blocks.push(json!({"type": "thinking", "thinking": rs.text, "signature": sig}));
+                    } else if let Some(data) = &rs.redacted {
+                        blocks.push(json!({"type": "redacted_thinking", "data": data}));
+                    }
+                }
+                Part::ToolCall {
+                    id,
+                    name,
+                    arguments,
+                } => calls.push(json!({
+                    "id": id, "type": "function", "function": {"name": name, "arguments": arguments}})),
+                _ => {}
+            }
+        }
+        let mut msg = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }, "refusal": null});
+        if !reasoning.is_empty() {
+            msg["reasoning_content"] = json!(reasoning);
+        }
+        if !blocks.is_empty() {
+            msg["thinking_blocks"] = Value::Array(blocks);
+        }
+        if !calls.is_empty() {
+            msg["tool_calls"] = Value::Array(calls);
+        }
+        json!({
+            "id": reprefix(&r.id, "chatcmpl-"),
+            "object": "chat.completion",
+            "created": r.created,
+            "model": client_model,
+            "choices": [{"index": 0, "message": msg, "logprobs": null, "finish_reason": finish_name(&r.finish)}],
+            "usage": usage_json(&r.usage),
+        })
+    }
+
+    /// Written straight to bytes, a reply has the bytes its tree had: the same members, in
+    /// `Value`'s (alphabetical) order, at every level.
+    #[test]
+    fn reply_bytes_are_the_trees_bytes() {
+        let reasoning = |text: &str, signature: Option<&str>, redacted: Option<&str>| {
+            Part::Reasoning(Reasoning {
+                text: text.to_owned(),
+                signature: signature.map(str::to_owned),
+                redacted: redacted.map(str::to_owned),
+            })
+        };
+        let call = |id: &str, arguments: &str| Part::ToolCall {
+            id: id.to_owned(),
+            name: "get \"weather\"".to_owned(),
+            arguments: arguments.to_owned(),
+        };
+        let cases = [
+            (vec![Part::Text("Hello".into())], Finish::EndTurn, 0),
+            (
+                vec![Part::Text("a".into()), Part::Text("b\n\u{1}é".into())],
+                Finish::MaxTokens,
+                5,
+            ),
+            (
+                vec![
+                    reasoning("why ", Some("sig"), None),
+                    reasoning("", None, Some("opaque")),
+                    reasoning("because", None, None),
+                    Part::Text("42".into()),
+                ],
+                Finish::StopSequence(Some("END".into())),
+                0,
+            ),
+            (
+                vec![call("toolu_1", r#"{"city":"Paris"}"#), call("call_2", "{}")],
+                Finish::ToolUse,
+                7,
+            ),
+            (
+                vec![Part::Text(String::new()), call("c", "")],
+                Finish::ToolUse,
+                0,
+            ),
+            (vec![reasoning("", None, None)], Finish::ContentFilter, 0),
+            (vec![], Finish::EndTurn, 1),
+        ];
+        for (content, finish, cache_write) in cases {
+            let r = ir::Response {
+                id: "msg_01XYZ".into(),
+                model: "m".into(),
+                created: 1_700_000_000,
+                content,
+                finish,
+                usage: Usage {
+                    input: 3,
+                    cache_read: 2,
+                    cache_write,
+                    output: 9,
+                    reasoning: 4,
+                },
+            };
+            let bytes = response_bytes(&r, "client \"model\"");
+            let value = value_response(&r, "client \"model\"");
+            assert_eq!(
+                String::from_utf8(bytes).unwrap(),
+                serde_json::to_string(&value).unwrap()
+            );
+            assert_eq!(value["id"], "chatcmpl-01XYZ");
+        }
+    }
 
     fn read(text: &str) -> Result<ir::Response, GatewayError> {
         reply_to_ir(&serde_json::from_str::<Reply<'_>>(text).unwrap())

@@ -6,10 +6,12 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::common::*;
-use crate::error::GatewayError;
+use crate::config::Protocol;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::json::write_json_str;
 use crate::sse;
+use crate::translate::counts::Counts;
+use crate::translate::lax::{lax_struct, Loose, RawText};
 
 /// The tool that carries JSON mode toward a messages upstream (the forced-tool technique).
 pub const JSON_TOOL: &str = "json_tool_call";
@@ -65,45 +67,63 @@ pub(crate) fn usage_from(u: &Value, into: &mut Usage) {
     }
 }
 
+lax_struct! {
+    /// A messages upstream's non-streamed reply: the members [`reply_to_ir`] reads, each as
+    /// `Value`'s accessors would see it, with nothing else kept.
+    pub struct UpstreamReply<'a> {
+        id: Loose<'a>,
+        model: Loose<'a>,
+        content: Loose<'a, UpstreamBlock<'a>>,
+        stop_reason: Loose<'a>,
+        stop_sequence: Loose<'a>,
+        usage: RawText<'a>,
+    }
+}
+
+lax_struct! {
+    /// A content block of any type: the members each type reads.
+    struct UpstreamBlock<'a> {
+        kind = "type": Loose<'a>,
+        text: Loose<'a>,
+        thinking: Loose<'a>,
+        signature: Loose<'a>,
+        data: Loose<'a>,
+        id: Loose<'a>,
+        name: Loose<'a>,
+        input: RawText<'a>,
+    }
+}
+
 /// Reads a messages upstream's non-streamed reply; `json_mode` turns the JSON tool back into text.
-pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, GatewayError> {
+pub fn reply_to_ir(v: &UpstreamReply<'_>, json_mode: bool) -> ir::Response {
+    let owned = |l: &Loose<'_>| l.as_str().unwrap_or("").to_owned();
     let mut content = Vec::new();
-    let mut finish = finish_from(
-        v.get("stop_reason").and_then(Value::as_str),
-        v.get("stop_sequence").and_then(Value::as_str),
-    );
-    for b in v
-        .get("content")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        match b.get("type").and_then(Value::as_str) {
-            Some("text") => content.push(Part::Text(str_at(b, "text"))),
+    let mut finish = finish_from(v.stop_reason.as_str(), v.stop_sequence.as_str());
+    for b in v.content.as_array().unwrap_or_default() {
+        match b.kind.as_str() {
+            Some("text") => content.push(Part::Text(owned(&b.text))),
             Some("thinking") => content.push(Part::Reasoning(Reasoning {
-                text: str_at(b, "thinking"),
+                text: owned(&b.thinking),
                 signature: b
-                    .get("signature")
-                    .and_then(Value::as_str)
+                    .signature
+                    .as_str()
                     .filter(|s| !s.is_empty())
                     .map(str::to_owned),
                 redacted: None,
             })),
             Some("redacted_thinking") => content.push(Part::Reasoning(Reasoning {
-                redacted: b.get("data").and_then(Value::as_str).map(str::to_owned),
+                redacted: b.data.as_str().map(str::to_owned),
                 ..Reasoning::default()
             })),
             Some("tool_use") => {
-                let name = b.get("name").and_then(Value::as_str).unwrap_or("");
-                let input = b
-                    .get("input")
-                    .map_or_else(|| "{}".to_owned(), Value::to_string);
+                let name = b.name.as_str().unwrap_or("");
+                let input = request::arguments_of(b.input.0);
                 if json_mode && name == JSON_TOOL {
                     content.push(Part::Text(input));
                     finish = Finish::EndTurn;
                 } else {
                     content.push(Part::ToolCall {
-                        id: str_at(b, "id"),
+                        id: owned(&b.id),
                         name: name.to_owned(),
                         arguments: input,
                     });
@@ -112,18 +132,20 @@ pub fn response_to_ir(v: &Value, json_mode: bool) -> Result<ir::Response, Gatewa
             _ => {}
         }
     }
+    // Read as `usage_from` reads a `Value`: a usage that is no object, or that serde cannot
+    // read, counts nothing, and the reply is still served.
     let mut usage = Usage::default();
-    if let Some(u) = v.get("usage") {
-        usage_from(u, &mut usage);
+    if let Some(counts) = v.usage.0.and_then(|t| Counts::object_at(t.as_bytes())) {
+        counts.read_into(Protocol::Messages, &mut usage);
     }
-    Ok(ir::Response {
-        id: str_at(v, "id"),
-        model: str_at(v, "model"),
+    ir::Response {
+        id: owned(&v.id),
+        model: owned(&v.model),
         created: ir::now_secs(),
         content,
         finish,
         usage,
-    })
+    }
 }
 
 /// The reply a messages client expects. Its members are declared in alphabetical order, the
@@ -403,6 +425,163 @@ pub const PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
     use super::*;
+    use crate::translate::hand::{self, check};
+
+    /// The reply as the gateway read it from a `Value` tree before [`reply_to_ir`]: the reference
+    /// the typed read is held to.
+    fn value_reply_to_ir(v: &Value, json_mode: bool) -> ir::Response {
+        let mut content = Vec::new();
+        let mut finish = finish_from(
+            v.get("stop_reason").and_then(Value::as_str),
+            v.get("stop_sequence").and_then(Value::as_str),
+        );
+        for b in v
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => content.push(Part::Text(str_at(b, "text"))),
+                Some("thinking") => content.push(Part::Reasoning(Reasoning {
+                    text: str_at(b, "thinking"),
+                    signature: b
+                        .get("signature")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned),
+                    redacted: None,
+                })),
+                Some("redacted_thinking") => content.push(Part::Reasoning(Reasoning {
+                    redacted: b.get("data").and_then(Value::as_str).map(str::to_owned),
+                    ..Reasoning::default()
+                })),
+                Some("tool_use") => {
+                    let name = b.get("name").and_then(Value::as_str).unwrap_or("");
+                    let input = b
+                        .get("input")
+                        .map_or_else(|| "{}".to_owned(), Value::to_string);
+                    if json_mode && name == JSON_TOOL {
+                        content.push(Part::Text(input));
+                        finish = Finish::EndTurn;
+                    } else {
+                        content.push(Part::ToolCall {
+                            id: str_at(b, "id"),
+                            name: name.to_owned(),
+                            arguments: input,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut usage = Usage::default();
+        if let Some(u) = v.get("usage") {
+            usage_from(u, &mut usage);
+        }
+        ir::Response {
+            id: str_at(v, "id"),
+            model: str_at(v, "model"),
+            created: 0,
+            content,
+            finish,
+            usage,
+        }
+    }
+
+    /// Replies as Anthropic writes them (text, thinking, redacted thinking, tool calls, JSON
+    /// mode's tool, a stop sequence, cache counts) and odd ones (members of other types, blocks
+    /// that are not objects, repeated keys, escapes).
+    const REPLIES: [&str; 6] = [
+        r#"{"id":"msg_01","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello there"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":6,"service_tier":"standard"}}"#,
+        r#"{"id":"msg_02","type":"message","role":"assistant","model":"claude-opus-4-1","content":[{"type":"thinking","thinking":"Weather \u2014 \"Paris\"?","signature":"EqQBCkYIBRgC"},{"type":"redacted_thinking","data":"EmwKAhgBEgy3"},{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_01","name":"get_weather","input":{"unit":"c","city":"Paris","deep":{"z":[1,2.50,{"b":null,"a":true}]}}},{"type":"tool_use","id":"toolu_02","name":"get_time","input":{}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":100,"cache_creation_input_tokens":20,"cache_read_input_tokens":30,"output_tokens":40,"output_tokens_details":{"thinking_tokens":25}}}"#,
+        r#"{"id":"msg_03","content":[{"type":"tool_use","id":"toolu_j","name":"json_tool_call","input":{"answer":42}}],"stop_reason":"tool_use","usage":{"input_tokens":5,"output_tokens":3}}"#,
+        r#"{"id":"msg_04","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"thinking","thinking":"t","signature":""}],"stop_reason":"stop_sequence","stop_sequence":"END","usage":{"output_tokens":2}}"#,
+        r#"{"id":7,"model":["x"],"content":[3,"text",null,{"type":"text","text":5},{"type":"tool_use","name":7,"input":null},{"type":"tool_use"},{"type":"image","text":"no"},{"type":"text","text":"first","text":"last"}],"stop_reason":9,"usage":[1]}"#,
+        r#"{"content":{"type":"text"},"usage":{"input_tokens":-1,"output_tokens":1.5,"cache_read_input_tokens":"2"},"id":"msg_05","id":"msg_06"}"#,
+    ];
+
+    /// The upstream replies of the fixture suite's translations toward a messages upstream.
+    fn fixture_replies() -> Vec<String> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut out = Vec::new();
+        for dir in std::fs::read_dir(&root).unwrap() {
+            let dir = dir.unwrap().path();
+            if !dir.to_string_lossy().ends_with("_to_messages") {
+                continue;
+            }
+            for case in std::fs::read_dir(&dir).unwrap() {
+                if let Ok(text) =
+                    std::fs::read_to_string(case.unwrap().path().join("upstream_reply.json"))
+                {
+                    out.push(text);
+                }
+            }
+        }
+        assert!(out.len() > 10, "{} fixture replies", out.len());
+        out
+    }
+
+    /// Reads `text` both ways when it is JSON; `false` when the typed read finds anything else
+    /// than the tree's read did.
+    fn reads_as_the_tree(text: &[u8]) -> bool {
+        let Ok(v) = serde_json::from_slice::<Value>(text) else {
+            return true;
+        };
+        let Some(typed) = crate::translate::read_reply::<UpstreamReply<'_>>(text) else {
+            return false;
+        };
+        [false, true].into_iter().all(|json_mode| {
+            let mut got = reply_to_ir(&typed, json_mode);
+            got.created = 0;
+            got == value_reply_to_ir(&v, json_mode)
+        })
+    }
+
+    #[test]
+    fn a_reply_reads_as_its_value_tree_read() {
+        let fixtures = fixture_replies();
+        let texts = REPLIES
+            .iter()
+            .copied()
+            .chain(fixtures.iter().map(String::as_str));
+        for text in texts {
+            assert!(
+                check::agrees::<UpstreamReply<'_>>(text.as_bytes()),
+                "left to serde: {text}"
+            );
+            assert!(reads_as_the_tree(text.as_bytes()), "{text}");
+        }
+        let r = reply_to_ir(
+            &hand::object::<UpstreamReply<'_>>(REPLIES[1]).unwrap(),
+            false,
+        );
+        assert_eq!(r.usage.cache_write, 20);
+        assert_eq!(r.usage.reasoning, 25);
+        assert!(matches!(
+            &r.content[3],
+            Part::ToolCall { arguments, .. }
+                if arguments == r#"{"city":"Paris","deep":{"z":[1,2.5,{"a":true,"b":null}]},"unit":"c"}"#
+        ));
+        let json = reply_to_ir(
+            &hand::object::<UpstreamReply<'_>>(REPLIES[2]).unwrap(),
+            true,
+        );
+        assert_eq!(json.content, vec![Part::Text(r#"{"answer":42}"#.into())]);
+        assert_eq!(json.finish, Finish::EndTurn);
+    }
+
+    /// Every one-byte edit of the replies: the hand reader answers as serde does, and what
+    /// still reads as JSON is read as the tree read it.
+    #[test]
+    fn no_one_byte_edit_reads_otherwise_than_the_tree() {
+        let both = |text: &[u8]| {
+            assert!(reads_as_the_tree(text), "{}", String::from_utf8_lossy(text));
+            check::agrees::<UpstreamReply<'_>>(text)
+        };
+        let read = check::one_byte_edits(&REPLIES, both);
+        assert!(read > 3_000, "only {read} edits were read by hand");
+    }
 
     /// Written straight from the structs, a reply has the bytes `Value` writes for it: the same
     /// members, in its (alphabetical) order, at every level.

@@ -164,13 +164,13 @@ fn image_from(
 }
 
 /// A tool call's input as the compact JSON text `Value` writes (keys sorted), so the arguments
-/// another protocol receives do not depend on how the client spaced its JSON.
-fn arguments_of(input: Raw<'_>) -> String {
-    match input.0 {
+/// another protocol receives do not depend on how the client spaced its JSON. `input` is its
+/// raw text, absent when the block has none (read as `{}`).
+pub(super) fn arguments_of(input: Option<&str>) -> String {
+    match input {
         None => "{}".to_owned(),
-        Some(raw) => Canonical::of(raw.get()).unwrap_or_else(|| {
-            serde_json::from_str::<Value>(raw.get())
-                .map_or_else(|_| raw.get().to_owned(), |v| v.to_string())
+        Some(raw) => Canonical::of(raw).unwrap_or_else(|| {
+            serde_json::from_str::<Value>(raw).map_or_else(|_| raw.to_owned(), |v| v.to_string())
         }),
     }
 }
@@ -343,7 +343,7 @@ fn blocks(
             Some("tool_use") => parts.push(Part::ToolCall {
                 id: b.id.req_str(|| at(".id"))?.to_owned(),
                 name: b.name.req_str(|| at(".name"))?.to_owned(),
-                arguments: arguments_of(b.input),
+                arguments: arguments_of(b.input.0.map(RawValue::get)),
             }),
             Some("tool_result") => {
                 let content = if b.content.is_none() {
