@@ -30,13 +30,15 @@ gateway_config() {
 }
 
 # Sets body and path to the request of kind $1: json (the default), stream, messages,
-# messages-stream, responses-stream, or claude (the chat request for the mock's messages
-# upstream, its reply translated back to chat).
+# messages-stream, responses, responses-stream, or claude and claude-stream (the chat request
+# for the mock's messages upstream, its reply translated back to chat).
 request_of() {
     body=$chat_body path=/v1/chat/completions
     case ${1:-json} in
         stream) body=$(streamed "$chat_body") ;;
         claude) body=${chat_body/mock-gpt/mock-claude} ;;
+        claude-stream) body=$(streamed "${chat_body/mock-gpt/mock-claude}") ;;
+        responses) body=$responses_body path=/v1/responses ;;
         messages) body=$messages_body path=/v1/messages ;;
         messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
         responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;

@@ -409,15 +409,15 @@ impl Translation {
             }
         };
         let bytes = match self.client {
-            // The chat and messages replies are written straight to bytes.
+            // Every reply is written straight to bytes, with no tree of the whole between.
             Protocol::Messages => messages::response_bytes(&r, &self.client_model),
             Protocol::Chat => chat::response_bytes(&r, &self.client_model),
-            Protocol::Responses => crate::json::to_bytes(&responses::ir_to_response(
+            Protocol::Responses => responses::response_bytes(
                 &r,
                 &self.client_model,
                 &self.echo(),
                 &self.client_tools(),
-            )),
+            ),
         };
         (StatusCode::OK, bytes, Some(r.usage))
     }

@@ -206,22 +206,25 @@ impl Serialize for Echoed<'_> {
 /// The identity of a response object: id, creation time, model.
 struct Head<'a>(&'a str, u64, &'a str);
 
-/// A response object: the reply's own members, then what the request said, echoed.
+/// A response object: the reply's own members and what the request said, echoed. Its members
+/// are declared in alphabetical order, the order `Value`'s map writes them in, so the bytes
+/// written straight from it are those its tree writes.
 #[derive(Serialize)]
 struct ResponseOut<'a> {
-    id: &'a str,
-    object: &'static str,
     created_at: u64,
-    status: &'a str,
     error: Option<()>,
+    id: &'a str,
     incomplete_details: Option<IncompleteOut>,
     instructions: Echoed<'a>,
     max_output_tokens: Echoed<'a>,
+    metadata: EmptyObject,
     model: &'a str,
+    object: &'static str,
     output: &'a [Value],
     parallel_tool_calls: Echoed<'a>,
     previous_response_id: Echoed<'a>,
     reasoning: ReasoningOut<'a>,
+    status: &'a str,
     /// Stored unless the client said otherwise (gateway.md §13).
     store: Echoed<'a>,
     temperature: Echoed<'a>,
@@ -231,7 +234,6 @@ struct ResponseOut<'a> {
     top_p: Echoed<'a>,
     truncation: &'static str,
     usage: Option<Value>,
-    metadata: EmptyObject,
 }
 
 #[derive(Serialize)]
@@ -391,13 +393,14 @@ fn client_call_item(
     }
 }
 
-/// Writes the reply a responses client expects.
-pub fn ir_to_response(
-    r: &ir::Response,
-    client_model: &str,
-    echo: &Echo,
-    client_tools: &ToolMap,
-) -> Value {
+/// A reply's output items, status and id, as a responses client gets them.
+struct ReplyParts {
+    id: String,
+    status: &'static str,
+    output: Vec<Value>,
+}
+
+fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyParts {
     let mut output = Vec::new();
     let mut text = String::new();
     let flush = |text: &mut String, output: &mut Vec<Value>| {
@@ -449,14 +452,46 @@ pub fn ir_to_response(
     } else {
         reprefix(&r.id, "resp_")
     };
+    ReplyParts { id, status, output }
+}
+
+/// Writes the reply a responses client expects, as a `Value`.
+pub fn ir_to_response(
+    r: &ir::Response,
+    client_model: &str,
+    echo: &Echo,
+    client_tools: &ToolMap,
+) -> Value {
+    let p = reply_parts(r, echo, client_tools);
     response_object(
-        Head(&id, r.created, client_model),
-        status,
-        &output,
+        Head(&p.id, r.created, client_model),
+        p.status,
+        &p.output,
         Some(&r.finish),
         Some(&r.usage),
         echo,
     )
+}
+
+/// The same reply as [`ir_to_response`], written straight to bytes with no tree of the whole
+/// between; the echoed members are written as the client wrote them.
+pub fn response_bytes(
+    r: &ir::Response,
+    client_model: &str,
+    echo: &Echo,
+    client_tools: &ToolMap,
+) -> Vec<u8> {
+    let p = reply_parts(r, echo, client_tools);
+    let out = ResponseOut::new(
+        Head(&p.id, r.created, client_model),
+        p.status,
+        &p.output,
+        Some(&r.finish),
+        Some(&r.usage),
+        echo,
+    );
+    // Plain data, `Value`s and raw JSON always serialise; the fallback is never taken.
+    serde_json::to_vec(&out).unwrap_or_default()
 }
 
 // === errors ===
@@ -467,4 +502,101 @@ pub fn error_body(e: &ir::ErrorInfo) -> Value {
 
 pub fn error_from_body(status: u16, v: &Value) -> ir::ErrorInfo {
     super::chat::error_from_body(status, v)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+    use super::*;
+
+    fn raw(text: &str) -> Option<Box<RawValue>> {
+        Some(RawValue::from_string(text.to_owned()).unwrap())
+    }
+
+    /// Written straight from the struct, a reply has the bytes its tree has: the same members,
+    /// in `Value`'s (alphabetical) order, at every level; echoed members as the client wrote
+    /// them.
+    #[test]
+    fn reply_bytes_are_the_trees_bytes() {
+        let echo = Echo {
+            tools: raw(r#"[{"name":"f","parameters":{},"type":"function"}]"#),
+            temperature: raw("0.5"),
+            effort: raw(r#""low""#),
+            store: raw("false"),
+            previous_response_id: raw(r#""resp_1""#),
+            ..Echo::default()
+        };
+        let call = Part::ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: r#"{"a":1}"#.into(),
+        };
+        let reasoning = Part::Reasoning(Reasoning {
+            text: "why".into(),
+            signature: Some("sig".into()),
+            redacted: None,
+        });
+        let cases = [
+            (vec![Part::Text("Hello".into())], Finish::EndTurn),
+            (
+                vec![reasoning, Part::Text("a\n".into()), call],
+                Finish::ToolUse,
+            ),
+            (vec![Part::Text("cut".into())], Finish::MaxTokens),
+            (vec![], Finish::ContentFilter),
+        ];
+        for echo in [&echo, &Echo::default()] {
+            for (content, finish) in cases.clone() {
+                let r = ir::Response {
+                    id: "chatcmpl-7".into(),
+                    model: "m".into(),
+                    created: 1_700_000_000,
+                    content,
+                    finish,
+                    usage: Usage {
+                        input: 3,
+                        cache_read: 2,
+                        cache_write: 1,
+                        output: 9,
+                        reasoning: 4,
+                    },
+                };
+                let p = reply_parts(&r, echo, &ToolMap::default());
+                let out = ResponseOut::new(
+                    Head(&p.id, r.created, "client-model"),
+                    p.status,
+                    &p.output,
+                    Some(&r.finish),
+                    Some(&r.usage),
+                    echo,
+                );
+                let bytes = String::from_utf8(serde_json::to_vec(&out).unwrap()).unwrap();
+                let tree = serde_json::to_string(&serde_json::to_value(&out).unwrap()).unwrap();
+                assert_eq!(bytes, tree);
+                let written: Value = serde_json::from_slice(&response_bytes(
+                    &r,
+                    "client-model",
+                    echo,
+                    &ToolMap::default(),
+                ))
+                .unwrap();
+                assert_eq!(written["id"], "resp_7");
+                assert_eq!(written["status"], status_of(&r.finish));
+            }
+        }
+        let spaced = Echo {
+            tools: raw(r#"[ {"type": "function", "name": "f"} ]"#),
+            ..Echo::default()
+        };
+        let r = ir::Response {
+            content: vec![Part::Text("hi".into())],
+            ..ir::Response::default()
+        };
+        let bytes = response_bytes(&r, "m", &spaced, &ToolMap::default());
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.contains(r#""tools":[ {"type": "function", "name": "f"} ]"#),
+            "{text}"
+        );
+    }
 }
