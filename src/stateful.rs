@@ -21,6 +21,7 @@ use http::{HeaderValue, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -30,6 +31,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::json::RawObject;
 use crate::sse::{EventRef, SseDecoder};
 use crate::store::{RedisStore, StoreError};
+use crate::translate::lax::{self, lax_struct, Loose, Raw};
 
 /// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
 const MAX_ID_LEN: usize = 256;
@@ -137,14 +139,25 @@ impl ResponseStore {
         record: &Record,
         items: &[String],
     ) -> Result<(), StoreError> {
+        let text = serde_json::to_string(record)
+            .map_err(|e| StoreError(format!("a response could not be written: {e}")))?;
+        self.put_text(key, id, text, items).await
+    }
+
+    /// [`Self::put`] for a record already written as text.
+    async fn put_text(
+        &self,
+        key: &str,
+        id: &str,
+        text: String,
+        items: &[String],
+    ) -> Result<(), StoreError> {
         if id.is_empty() || id.len() > MAX_ID_LEN {
             return Err(StoreError(format!(
                 "a response id of {} bytes cannot be stored",
                 id.len()
             )));
         }
-        let text = serde_json::to_string(record)
-            .map_err(|e| StoreError(format!("a response could not be written: {e}")))?;
         let items = items
             .iter()
             .filter(|i| !i.is_empty() && i.len() <= MAX_ID_LEN);
@@ -403,48 +416,52 @@ struct Job {
 }
 
 impl Job {
-    async fn record(self, response: Value) {
-        let Some(id) = response
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-        else {
+    async fn record(self, response: &RawValue) {
+        let Ok(read) = lax::parse::<StoredIds<'_>>(response.get().as_bytes()) else {
+            tracing::warn!("a responses answer did not read as JSON; not stored");
+            return;
+        };
+        let Some(id) = read.id.as_str() else {
             tracing::warn!("a responses answer had no id; not stored");
             return;
         };
-        let (record, items) = match self.served {
-            Served::Upstream(upstream) => (Record::Passthrough { upstream }, Vec::new()),
+        let stored = match self.served {
+            Served::Upstream(upstream) => {
+                self.store
+                    .put(&self.key, id, &Record::Passthrough { upstream }, &[])
+                    .await
+            }
             Served::Kept => {
                 let input = input_items(&self.body);
+                let output = read.output.as_array().unwrap_or_default();
                 let mut items: Vec<String> = input
                     .iter()
                     .skip(self.own_from)
-                    .chain(
-                        response
-                            .get("output")
-                            .and_then(Value::as_array)
-                            .map_or(&[][..], Vec::as_slice),
-                    )
-                    .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_owned))
+                    .filter_map(|i| i.get("id").and_then(Value::as_str))
+                    .chain(output.iter().filter_map(|i| i.id.as_str()))
+                    .map(str::to_owned)
                     .collect();
                 items.dedup();
-                (Record::Translated { response, input }, items)
+                match translated_text(response, &input) {
+                    Ok(text) => self.store.put_text(&self.key, id, text, &items).await,
+                    Err(e) => Err(StoreError(format!("a response could not be written: {e}"))),
+                }
             }
         };
-        if let Err(e) = self.store.put(&self.key, &id, &record, &items).await {
+        if let Err(e) = stored {
             tracing::warn!(key = %self.key, error = %e, "a response was not stored");
         }
     }
 
     /// Stores in a task of its own (it finishes even if the client leaves); the receiver
     /// says when it is done.
-    fn spawn(self, response: Value) -> Option<oneshot::Receiver<()>> {
+    fn spawn(self, response: Box<RawValue>) -> Option<oneshot::Receiver<()>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = oneshot::channel();
         // Detached on purpose: the store write is bounded by the store's own timeout, and a
         // client that hung up after `response.completed` should still find its response.
         handle.spawn(async move {
-            self.record(response).await;
+            self.record(&response).await;
             let _ = tx.send(());
         });
         Some(rx)
@@ -478,19 +495,9 @@ pub async fn finish(
     }
     let (mut parts, inner) = resp.into_parts();
     let bytes = body::collect_reply(inner).await?;
-    // A passthrough answer needs only its id: read that, not the whole tree.
-    #[derive(Deserialize)]
-    struct IdOnly {
-        id: String,
-    }
-    let value = match &job.served {
-        Served::Upstream(_) => serde_json::from_slice::<IdOnly>(&bytes)
-            .ok()
-            .map(|v| json!({"id": v.id})),
-        Served::Kept => serde_json::from_slice::<Value>(&bytes).ok(),
-    };
-    if let Some(value) = value {
-        job.record(value).await;
+    // Kept as the text it is: what storing needs of it (its ids) is read without a tree.
+    if let Ok(response) = serde_json::from_slice::<&RawValue>(&bytes) {
+        job.record(response).await;
     }
     parts.headers.remove(http::header::CONTENT_LENGTH);
     Ok(Response::from_parts(parts, body::full(bytes)))
@@ -523,7 +530,7 @@ const TERMINAL: [&str; 3] = [
 ];
 
 /// The response object of a terminal event, if `ev` is one.
-fn terminal(ev: EventRef<'_>) -> Option<Value> {
+fn terminal(ev: EventRef<'_>) -> Option<Box<RawValue>> {
     // Every event passes here, deltas by the hundred: one search rules out all that carry no
     // response object, before the names are looked for.
     static RESPONSE_KEY: LazyLock<memchr::memmem::Finder<'static>> =
@@ -535,12 +542,47 @@ fn terminal(ev: EventRef<'_>) -> Option<Value> {
     {
         return None;
     }
-    let mut v: Value = serde_json::from_str(ev.data).ok()?;
-    let kind = v.get("type").and_then(Value::as_str)?;
-    if !TERMINAL.contains(&kind) {
+    let event = lax::parse::<TerminalEvent<'_>>(ev.data.as_bytes()).ok()?;
+    if !TERMINAL.contains(&event.kind.as_str()?) {
         return None;
     }
-    Some(v.get_mut("response")?.take())
+    event.response.0.map(ToOwned::to_owned)
+}
+
+lax_struct! {
+    /// What a terminal event is read for: its type and its response object, as text.
+    struct TerminalEvent<'a> {
+        kind = "type": Loose<'a>,
+        response: Raw<'a>,
+    }
+}
+
+lax_struct! {
+    /// What storing a response reads of it: its id and its output items' ids.
+    struct StoredIds<'a> {
+        id: Loose<'a>,
+        output: Loose<'a, ItemId<'a>>,
+    }
+}
+
+lax_struct! {
+    struct ItemId<'a> {
+        id: Loose<'a>,
+    }
+}
+
+/// The stored text of a translated response: the text `Record::Translated` serialises to,
+/// written around the response's own text rather than a tree of it; read back as any record.
+fn translated_text(response: &RawValue, input: &[Value]) -> serde_json::Result<String> {
+    let input = serde_json::to_string(input)?;
+    let response = response.get();
+    let mut text = String::with_capacity(response.len() + input.len() + 48);
+    text.push_str(r#"{"kind":"translated","response":"#);
+    text.push_str(response);
+    text.push_str(r#","input":"#);
+    text.push_str(&input);
+    text.push('}');
+    Ok(text)
 }
 
 impl HttpBody for Tap {
@@ -697,23 +739,58 @@ mod tests {
         EventRef { event, data }
     }
 
+    /// The response object of a terminal event, read as a tree.
+    fn response_of(e: EventRef<'_>) -> Option<Value> {
+        terminal(e).map(|raw| serde_json::from_str(raw.get()).unwrap())
+    }
+
+    /// A translated record written around the response's text reads back as the record
+    /// serde writes, and says which ids it holds.
+    #[test]
+    fn a_translated_record_written_as_text_reads_back_as_the_record() {
+        let response = r#"{"id":"resp_1", "output":[{"id":"msg_2","type":"message"},{"type":"x"},{"id":"fc_3"}],"status":"completed"}"#;
+        let input = vec![json!({"id": "msg_1", "role": "user", "content": "hi"})];
+        let raw = serde_json::from_str::<&RawValue>(response).unwrap();
+        let text = translated_text(raw, &input).unwrap();
+        let read: Record = serde_json::from_str(&text).unwrap();
+        let by_serde = Record::Translated {
+            response: serde_json::from_str(response).unwrap(),
+            input: input.clone(),
+        };
+        let same = serde_json::from_str::<Record>(&serde_json::to_string(&by_serde).unwrap());
+        assert_eq!(
+            serde_json::to_value(&read).unwrap(),
+            serde_json::to_value(same.unwrap()).unwrap()
+        );
+        let ids = lax::parse::<StoredIds<'_>>(response.as_bytes()).unwrap();
+        assert_eq!(ids.id.as_str(), Some("resp_1"));
+        let output: Vec<_> = ids
+            .output
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!(output, [Some("msg_2"), None, Some("fc_3")]);
+    }
+
     #[test]
     fn only_a_terminal_event_gives_its_response() {
         let done = r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","status":"completed"}}"#;
         let want = json!({"id": "resp_1", "status": "completed"});
         // Named or not, whatever the order of its members.
         assert_eq!(
-            terminal(ev(Some("response.completed"), done)),
+            response_of(ev(Some("response.completed"), done)),
             Some(want.clone())
         );
-        assert_eq!(terminal(ev(None, done)), Some(want.clone()));
+        assert_eq!(response_of(ev(None, done)), Some(want.clone()));
         let reordered =
             r#"{"response": {"id":"resp_1","status":"completed"}, "type": "response.completed"}"#;
-        assert_eq!(terminal(ev(Some("message"), reordered)), Some(want));
+        assert_eq!(response_of(ev(Some("message"), reordered)), Some(want));
         for kind in ["response.incomplete", "response.failed"] {
             let data = format!(r#"{{"type":"{kind}","response":{{"id":"r"}}}}"#);
             assert_eq!(
-                terminal(ev(None, &data)),
+                response_of(ev(None, &data)),
                 Some(json!({"id": "r"})),
                 "{kind}"
             );
@@ -722,13 +799,13 @@ mod tests {
         // is not the last, an event that is not JSON.
         let delta = r#"{"type":"response.output_text.delta","delta":"\"response.completed\""}"#;
         assert_eq!(
-            terminal(ev(Some("response.output_text.delta"), delta)),
+            response_of(ev(Some("response.output_text.delta"), delta)),
             None
         );
         let created = r#"{"type":"response.created","response":{"id":"r","status":"in_progress","x":"response.completed"}}"#;
-        assert_eq!(terminal(ev(Some("response.created"), created)), None);
+        assert_eq!(response_of(ev(Some("response.created"), created)), None);
         assert_eq!(
-            terminal(ev(Some("response.completed"), "response.completed")),
+            response_of(ev(Some("response.completed"), "response.completed")),
             None
         );
     }
