@@ -279,6 +279,29 @@ pub enum SizeLimit {
 #[error("no body bytes for {} ms", .0.as_millis())]
 pub struct IdleTimeout(pub Duration);
 
+impl IdleTimeout {
+    /// The 504 a body silent this long ends with, with this timeout as its source.
+    fn error(self) -> GatewayError {
+        GatewayError {
+            source: Some(std::sync::Arc::new(self)),
+            ..GatewayError::new(
+                ErrorKind::UpstreamTimeout,
+                format!("the upstream sent nothing for {} ms", self.0.as_millis()),
+            )
+        }
+    }
+}
+
+/// Logs how an upstream body failed and tells the request's fate, when it has one.
+fn tell_failure(failure: &GatewayError, fate: Option<&Fate>) {
+    tracing::warn!(error = %failure, "upstream body failed");
+    match (fate, failure.kind) {
+        (Some(fate), ErrorKind::UpstreamTimeout) => fate.timeout(),
+        (Some(fate), _) => fate.upstream_error(),
+        (None, _) => {}
+    }
+}
+
 pin_project! {
     /// Wraps an upstream body: resets an idle timer on every frame and, for streams, turns a
     /// break (transport error, idle timeout, end without terminator) into the protocol's error.
@@ -501,25 +524,11 @@ where
                     }
                     idle.as_mut().reset(deadline);
                 }
-                let idle = IdleTimeout(*this.idle_timeout);
-                GatewayError {
-                    source: Some(std::sync::Arc::new(idle)),
-                    ..GatewayError::new(
-                        ErrorKind::UpstreamTimeout,
-                        format!("the upstream sent nothing for {} ms", idle.0.as_millis()),
-                    )
-                }
+                IdleTimeout(*this.idle_timeout).error()
             }
         };
         *this.done = true;
-        tracing::warn!(error = %failure, "upstream body failed");
-        if let Some(fate) = this.fate.as_ref() {
-            if failure.kind == ErrorKind::UpstreamTimeout {
-                fate.timeout();
-            } else {
-                fate.upstream_error();
-            }
-        }
+        tell_failure(&failure, this.fate.as_ref());
         match this.guard {
             StreamGuard::None => Poll::Ready(Some(Err(Box::new(failure)))),
             guard => {
@@ -1239,23 +1248,10 @@ where
                 ErrorKind::UpstreamBadResponse,
                 format!("reading the upstream reply: {e}"),
             ),
-            Next::Silent => {
-                let idle = IdleTimeout(bounds.map_or(Duration::ZERO, |b| b.idle));
-                GatewayError {
-                    source: Some(std::sync::Arc::new(idle)),
-                    ..GatewayError::new(
-                        ErrorKind::UpstreamTimeout,
-                        format!("the upstream sent nothing for {} ms", idle.0.as_millis()),
-                    )
-                }
-            }
+            Next::Silent => IdleTimeout(bounds.map_or(Duration::ZERO, |b| b.idle)).error(),
         };
         if let Some(b) = bounds {
-            tracing::warn!(error = %failure, "upstream body failed");
-            match failure.kind {
-                ErrorKind::UpstreamTimeout => b.fate.timeout(),
-                _ => b.fate.upstream_error(),
-            }
+            tell_failure(&failure, Some(b.fate));
         }
         return Err(failure);
     }
