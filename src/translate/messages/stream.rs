@@ -1,10 +1,9 @@
 //! Anthropic Messages streams: upstream events → IR events, and IR events → events for a messages client.
 
-use std::borrow::Cow;
-
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::*;
+use crate::translate::lax;
 
 // === streams: messages upstream events → IR ===
 
@@ -17,25 +16,58 @@ pub struct StreamDecoder {
     usage: Usage,
 }
 
-#[derive(Deserialize)]
-struct BlockDeltaIn<'a> {
-    index: u64,
-    #[serde(borrow)]
-    delta: DeltaIn<'a>,
+lax_struct! {
+    /// Any event of a messages stream: the members the decoder reads of each type, each as
+    /// `Value`'s accessors would see it, read by hand without building a tree.
+    struct EventIn<'a> {
+        kind = "type": Loose<'a>,
+        index: Loose<'a>,
+        message: MessageIn<'a>,
+        content_block: BlockIn<'a>,
+        delta: DeltaIn<'a>,
+        usage: RawText<'a>,
+        error: ErrorIn<'a>,
+    }
 }
 
-#[derive(Deserialize)]
-struct DeltaIn<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    thinking: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    signature: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    partial_json: Option<Cow<'a, str>>,
+lax_struct! {
+    /// `message_start`'s message.
+    struct MessageIn<'a> {
+        id: Loose<'a>,
+        model: Loose<'a>,
+        usage: RawText<'a>,
+    }
+}
+
+lax_struct! {
+    /// `content_block_start`'s block.
+    struct BlockIn<'a> {
+        kind = "type": Loose<'a>,
+        id: Loose<'a>,
+        name: Loose<'a>,
+        text: Loose<'a>,
+        data: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    /// `content_block_delta`'s and `message_delta`'s delta.
+    struct DeltaIn<'a> {
+        kind = "type": Loose<'a>,
+        text: Loose<'a>,
+        thinking: Loose<'a>,
+        signature: Loose<'a>,
+        partial_json: Loose<'a>,
+        stop_reason: Loose<'a>,
+        stop_sequence: Loose<'a>,
+    }
+}
+
+lax_struct! {
+    struct ErrorIn<'a> {
+        kind = "type": Loose<'a>,
+        message: Loose<'a>,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +84,7 @@ impl StreamDecoder {
         }
     }
 
-    /// A delta inside a block: the one event that comes by the hundred, so it is read typed.
+    /// A delta inside a block.
     fn block_delta(&mut self, index: u64, kind: &str, value: String, out: &mut Vec<Event>) {
         match kind {
             "text_delta" => out.push(Event::TextDelta(value)),
@@ -78,24 +110,7 @@ impl StreamDecoder {
     }
 
     pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
-        if ev.event == Some("content_block_delta") {
-            if let Ok(d) = serde_json::from_str::<BlockDeltaIn<'_>>(ev.data) {
-                let value = [
-                    d.delta.text,
-                    d.delta.thinking,
-                    d.delta.signature,
-                    d.delta.partial_json,
-                ]
-                .into_iter()
-                .flatten()
-                .next()
-                .map(Cow::into_owned)
-                .unwrap_or_default();
-                self.block_delta(d.index, &d.delta.kind, value, out);
-                return;
-            }
-        }
-        let Ok(v) = serde_json::from_str::<Value>(ev.data) else {
+        let Ok(e) = lax::parse::<EventIn<'_>>(ev.data.as_bytes()) else {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
                 message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
@@ -103,29 +118,32 @@ impl StreamDecoder {
             }));
             return;
         };
-        let kind = v
-            .get("type")
-            .and_then(Value::as_str)
-            .or(ev.event)
-            .unwrap_or("");
-        match kind {
+        let text = |l: &Loose<'_>| l.as_str().unwrap_or("").to_owned();
+        match e.kind.as_str().or(ev.event).unwrap_or("") {
+            "content_block_delta" => {
+                let d = &e.delta;
+                let value = [&d.text, &d.thinking, &d.signature, &d.partial_json]
+                    .into_iter()
+                    .find_map(Loose::as_str)
+                    .unwrap_or("");
+                let kind = d.kind.as_str().unwrap_or("");
+                self.block_delta(e.index.as_u64().unwrap_or(0), kind, value.to_owned(), out);
+            }
             "message_start" => {
-                let m = v.get("message").unwrap_or(&Value::Null);
-                if let Some(u) = m.get("usage") {
-                    usage_from(u, &mut self.usage);
-                }
+                let m = &e.message;
+                self.add_usage(m.usage);
                 out.push(Event::Start {
-                    id: str_at(m, "id"),
-                    model: str_at(m, "model"),
+                    id: text(&m.id),
+                    model: text(&m.model),
                     created: ir::now_secs(),
                 });
             }
             "content_block_start" => {
-                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let b = v.get("content_block").unwrap_or(&Value::Null);
-                match b.get("type").and_then(Value::as_str) {
+                let index = e.index.as_u64().unwrap_or(0);
+                let b = &e.content_block;
+                match b.kind.as_str() {
                     Some("tool_use") => {
-                        let name = str_at(b, "name");
+                        let name = text(&b.name);
                         if self.json_mode && name == JSON_TOOL {
                             self.blocks.push((index, BlockKind::JsonText));
                         } else {
@@ -134,44 +152,27 @@ impl StreamDecoder {
                             self.blocks.push((index, BlockKind::Tool(k)));
                             out.push(Event::ToolStart {
                                 index: k,
-                                id: str_at(b, "id"),
+                                id: text(&b.id),
                                 name,
                             });
                         }
                     }
                     Some("text") => {
-                        if let Some(t) = b
-                            .get("text")
-                            .and_then(Value::as_str)
-                            .filter(|t| !t.is_empty())
-                        {
+                        if let Some(t) = b.text.as_str().filter(|t| !t.is_empty()) {
                             out.push(Event::TextDelta(t.to_owned()));
                         }
                     }
                     Some("redacted_thinking") => {
-                        out.push(Event::RedactedReasoning(str_at(b, "data")));
+                        out.push(Event::RedactedReasoning(text(&b.data)));
                     }
                     _ => {}
                 }
             }
-            "content_block_delta" => {
-                let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let d = v.get("delta").unwrap_or(&Value::Null);
-                let kind = d.get("type").and_then(Value::as_str).unwrap_or("");
-                let text = ["text", "thinking", "signature", "partial_json"]
-                    .iter()
-                    .find_map(|k| d.get(*k).and_then(Value::as_str))
-                    .unwrap_or("");
-                self.block_delta(index, kind, text.to_owned(), out);
-            }
             "message_delta" => {
-                if let Some(u) = v.get("usage") {
-                    usage_from(u, &mut self.usage);
-                }
-                let d = v.get("delta").unwrap_or(&Value::Null);
-                if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
-                    let mut f =
-                        finish_from(Some(reason), d.get("stop_sequence").and_then(Value::as_str));
+                self.add_usage(e.usage);
+                let d = &e.delta;
+                if let Some(reason) = d.stop_reason.as_str() {
+                    let mut f = finish_from(Some(reason), d.stop_sequence.as_str());
                     if f == Finish::ToolUse
                         && self.tools == 0
                         && self.blocks.iter().any(|(_, k)| *k == BlockKind::JsonText)
@@ -184,18 +185,27 @@ impl StreamDecoder {
             }
             "message_stop" => out.push(Event::End),
             "error" => {
-                let e = v.get("error").unwrap_or(&Value::Null);
+                let kind = e.error.kind.as_str();
                 out.push(Event::Error(ir::ErrorInfo {
-                    status: status_of_error_type(e.get("type").and_then(Value::as_str)),
+                    status: status_of_error_type(kind),
                     message: e
-                        .get("message")
-                        .and_then(Value::as_str)
+                        .error
+                        .message
+                        .as_str()
                         .unwrap_or("upstream error")
                         .to_owned(),
-                    code: e.get("type").and_then(Value::as_str).map(str::to_owned),
+                    code: kind.map(str::to_owned),
                 }));
             }
             _ => {}
+        }
+    }
+
+    /// Merges the counts of a `usage` member, as `usage_from` merges a `Value`'s: one that is
+    /// no object, or that serde cannot read, counts nothing.
+    fn add_usage(&mut self, usage: RawText<'_>) {
+        if let Some(counts) = usage.0.and_then(|t| Counts::object_at(t.as_bytes())) {
+            counts.read_into(Protocol::Messages, &mut self.usage);
         }
     }
 }
@@ -549,6 +559,217 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
     use super::*;
+    use crate::translate::hand;
+
+    impl StreamDecoder {
+        /// The decoder as it read each event through a `Value` tree before [`EventIn`]: the
+        /// reference the typed read is held to.
+        fn decode_by_tree(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
+            let Ok(v) = serde_json::from_str::<Value>(ev.data) else {
+                out.push(Event::Error(ir::ErrorInfo {
+                    status: 502,
+                    message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
+                    code: None,
+                }));
+                return;
+            };
+            let kind = v
+                .get("type")
+                .and_then(Value::as_str)
+                .or(ev.event)
+                .unwrap_or("");
+            match kind {
+                "message_start" => {
+                    let m = v.get("message").unwrap_or(&Value::Null);
+                    if let Some(u) = m.get("usage") {
+                        usage_from(u, &mut self.usage);
+                    }
+                    out.push(Event::Start {
+                        id: str_at(m, "id"),
+                        model: str_at(m, "model"),
+                        created: ir::now_secs(),
+                    });
+                }
+                "content_block_start" => {
+                    let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    let b = v.get("content_block").unwrap_or(&Value::Null);
+                    match b.get("type").and_then(Value::as_str) {
+                        Some("tool_use") => {
+                            let name = str_at(b, "name");
+                            if self.json_mode && name == JSON_TOOL {
+                                self.blocks.push((index, BlockKind::JsonText));
+                            } else {
+                                let k = self.tools;
+                                self.tools += 1;
+                                self.blocks.push((index, BlockKind::Tool(k)));
+                                out.push(Event::ToolStart {
+                                    index: k,
+                                    id: str_at(b, "id"),
+                                    name,
+                                });
+                            }
+                        }
+                        Some("text") => {
+                            if let Some(t) = b
+                                .get("text")
+                                .and_then(Value::as_str)
+                                .filter(|t| !t.is_empty())
+                            {
+                                out.push(Event::TextDelta(t.to_owned()));
+                            }
+                        }
+                        Some("redacted_thinking") => {
+                            out.push(Event::RedactedReasoning(str_at(b, "data")));
+                        }
+                        _ => {}
+                    }
+                }
+                "content_block_delta" => {
+                    let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    let d = v.get("delta").unwrap_or(&Value::Null);
+                    let kind = d.get("type").and_then(Value::as_str).unwrap_or("");
+                    let text = ["text", "thinking", "signature", "partial_json"]
+                        .iter()
+                        .find_map(|k| d.get(*k).and_then(Value::as_str))
+                        .unwrap_or("");
+                    self.block_delta(index, kind, text.to_owned(), out);
+                }
+                "message_delta" => {
+                    if let Some(u) = v.get("usage") {
+                        usage_from(u, &mut self.usage);
+                    }
+                    let d = v.get("delta").unwrap_or(&Value::Null);
+                    if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
+                        let mut f = finish_from(
+                            Some(reason),
+                            d.get("stop_sequence").and_then(Value::as_str),
+                        );
+                        if f == Finish::ToolUse
+                            && self.tools == 0
+                            && self.blocks.iter().any(|(_, k)| *k == BlockKind::JsonText)
+                        {
+                            f = Finish::EndTurn;
+                        }
+                        out.push(Event::Finish(f));
+                    }
+                    out.push(Event::Usage(self.usage));
+                }
+                "message_stop" => out.push(Event::End),
+                "error" => {
+                    let e = v.get("error").unwrap_or(&Value::Null);
+                    out.push(Event::Error(ir::ErrorInfo {
+                        status: status_of_error_type(e.get("type").and_then(Value::as_str)),
+                        message: e
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("upstream error")
+                            .to_owned(),
+                        code: e.get("type").and_then(Value::as_str).map(str::to_owned),
+                    }));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Both decoders over the same events, from a fresh start: what each made of them.
+    fn both(events: &[(Option<&str>, &str)], json_mode: bool) -> (Vec<Event>, Vec<Event>) {
+        let (mut typed, mut tree) = (StreamDecoder::new(json_mode), StreamDecoder::new(json_mode));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &(event, data) in events {
+            typed.decode(sse::EventRef { event, data }, &mut a);
+            tree.decode_by_tree(sse::EventRef { event, data }, &mut b);
+        }
+        for e in a.iter_mut().chain(b.iter_mut()) {
+            if let Event::Start { created, .. } = e {
+                *created = 0;
+            }
+        }
+        (a, b)
+    }
+
+    /// The upstream streams of the fixture suite's translations toward a messages upstream.
+    fn fixture_streams() -> Vec<String> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut out = Vec::new();
+        for dir in std::fs::read_dir(&root).unwrap() {
+            let dir = dir.unwrap().path();
+            if !dir.to_string_lossy().ends_with("_to_messages") {
+                continue;
+            }
+            for case in std::fs::read_dir(&dir).unwrap() {
+                let path = case.unwrap().path().join("upstream_reply.sse");
+                if let Ok(text) = std::fs::read_to_string(path) {
+                    out.push(text);
+                }
+            }
+        }
+        assert!(out.len() > 5, "{} fixture streams", out.len());
+        out
+    }
+
+    #[test]
+    fn every_event_reads_as_its_tree_read() {
+        for stream in fixture_streams() {
+            let mut events: Vec<(Option<String>, String)> = Vec::new();
+            sse::SseDecoder::new()
+                .feed_with(stream.as_bytes(), |ev| {
+                    events.push((ev.event.map(str::to_owned), ev.data.to_owned()));
+                })
+                .unwrap();
+            assert!(events.len() > 3, "{stream}");
+            let events: Vec<(Option<&str>, &str)> = events
+                .iter()
+                .map(|(e, d)| (e.as_deref(), d.as_str()))
+                .collect();
+            for json_mode in [false, true] {
+                let (typed, tree) = both(&events, json_mode);
+                assert_eq!(typed, tree, "{stream}");
+            }
+        }
+    }
+
+    /// Every one-byte edit of each kind of event, after a tool block began and before a closing
+    /// delta that shows the usage merged: whatever the tree still reads is read the same.
+    #[test]
+    fn no_one_byte_edit_reads_otherwise_than_the_tree() {
+        let tool = r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"json_tool_call","input":{}}}"#;
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","model":"claude","usage":{"input_tokens":12,"cache_read_input_tokens":3,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"redacted_thinking","data":"EmwK"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello \u00e9"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+            r#"{"type":"content_block_delta","index":3,"delta":{"type":"signature_delta","signature":"Eq"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":9,"output_tokens_details":{"thinking_tokens":4}}}"#,
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        ];
+        let mut compared = 0;
+        for json_mode in [false, true] {
+            let check = |data: &[u8]| {
+                let Ok(data) = std::str::from_utf8(data) else {
+                    return false;
+                };
+                // The closing delta shows the usage every event before it merged.
+                let named = [
+                    (None, tool),
+                    (Some("content_block_delta"), data),
+                    (
+                        None,
+                        r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":1}}"#,
+                    ),
+                ];
+                let (typed, tree) = both(&named, json_mode);
+                if serde_json::from_str::<Value>(data).is_ok() {
+                    assert_eq!(typed, tree, "{data}");
+                    return true;
+                }
+                false
+            };
+            compared += hand::check::one_byte_edits(&events, check);
+        }
+        assert!(compared > 5_000, "only {compared} edits compared");
+    }
 
     #[test]
     fn deltas_written_by_hand_are_serdes_bytes() {
