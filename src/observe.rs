@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
-use serde_json::Value;
 use smallvec::SmallVec;
 
 use crate::config::Protocol;
@@ -18,6 +17,7 @@ use crate::limits::Meter;
 use crate::metrics::{
     ChunkLabels, Metrics, RequestLabels, RouteLabels, RouteSeries, TokenLabels, TOKEN_DIRECTIONS,
 };
+use crate::translate::lax::{lax_struct, RawText};
 use crate::{ir, translate};
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -189,8 +189,8 @@ fn read_event_bytes(protocol: Protocol, event: &[u8], usage: &mut ir::Usage) {
             data.push_str(d.strip_prefix(' ').unwrap_or(d));
         }
     }
-    if let Ok(v) = serde_json::from_str::<Value>(&data) {
-        read_event(protocol, &v, usage);
+    if let Ok(event) = translate::lax::parse::<UsageEvent<'_>>(data.as_bytes()) {
+        event.read_into(protocol, usage);
     }
 }
 
@@ -226,28 +226,36 @@ fn last_usage(tail: &[u8]) -> Option<translate::counts::Counts<'_>> {
     })
 }
 
-/// One stream event's usage, by protocol: a chat chunk's `usage`; Anthropic's input in
-/// `message_start` and output in `message_delta`; a terminal Responses event's `response.usage`.
-fn read_event(protocol: Protocol, v: &Value, t: &mut ir::Usage) {
-    let usage = match protocol {
-        Protocol::Chat => v.get("usage"),
-        Protocol::Messages => {
-            translate::common::at(v, &["message", "usage"]).or_else(|| v.get("usage"))
-        }
-        Protocol::Responses => translate::common::at(v, &["response", "usage"]),
-    };
-    if let Some(u) = usage.filter(|u| u.is_object()) {
-        read_usage(protocol, u, t);
+lax_struct! {
+    /// Where a stream event of any protocol holds its usage, read by hand without a tree.
+    struct UsageEvent<'a> {
+        usage: RawText<'a>,
+        message: UsageHolder<'a>,
+        response: UsageHolder<'a>,
     }
 }
 
-/// A `usage` object in `protocol`'s words, read by that protocol's codec (the same reading the
-/// translation uses). Anthropic's stream splits usage over two events, so it merges.
-fn read_usage(protocol: Protocol, u: &Value, usage: &mut ir::Usage) {
-    match protocol {
-        Protocol::Chat => *usage = translate::chat::usage_from(u),
-        Protocol::Messages => translate::messages::usage_from(u, usage),
-        Protocol::Responses => *usage = translate::responses::usage_from(u),
+lax_struct! {
+    struct UsageHolder<'a> {
+        usage: RawText<'a>,
+    }
+}
+
+impl UsageEvent<'_> {
+    /// One stream event's usage, by protocol: a chat chunk's `usage`; Anthropic's input in
+    /// `message_start` and output in `message_delta` (the two merge); a terminal Responses
+    /// event's `response.usage`. A usage that is no object, or that serde cannot read, counts
+    /// nothing.
+    fn read_into(&self, protocol: Protocol, usage: &mut ir::Usage) {
+        let text = match protocol {
+            Protocol::Chat => self.usage.0,
+            Protocol::Messages => self.message.usage.0.or(self.usage.0),
+            Protocol::Responses => self.response.usage.0,
+        };
+        if let Some(counts) = text.and_then(|t| translate::counts::Counts::object_at(t.as_bytes()))
+        {
+            counts.read_into(protocol, usage);
+        }
     }
 }
 
@@ -998,6 +1006,59 @@ mod tests {
         let responses = r#"{"output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         assert_eq!(read(Protocol::Responses, false, responses).total(), 7);
         assert_eq!(read(Protocol::Chat, false, "not json").total(), 0);
+    }
+
+    /// A stream event's usage as it was read from a `Value` tree before [`UsageEvent`]: the
+    /// reference the typed read is held to.
+    fn usage_by_tree(protocol: Protocol, data: &str, usage: &mut ir::Usage) {
+        use serde_json::Value;
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        let u = match protocol {
+            Protocol::Chat => v.get("usage"),
+            Protocol::Messages => {
+                translate::common::at(&v, &["message", "usage"]).or_else(|| v.get("usage"))
+            }
+            Protocol::Responses => translate::common::at(&v, &["response", "usage"]),
+        };
+        if let Some(u) = u.filter(|u| u.is_object()) {
+            match protocol {
+                Protocol::Chat => *usage = translate::chat::usage_from(u),
+                Protocol::Messages => translate::messages::usage_from(u, usage),
+                Protocol::Responses => *usage = translate::responses::usage_from(u),
+            }
+        }
+    }
+
+    #[test]
+    fn an_events_usage_reads_as_its_tree_read() {
+        let events = [
+            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+            r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":9,"cache_read_input_tokens":4,"output_tokens":1}}}"#,
+            r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":30,"output_tokens_details":{"thinking_tokens":5}}}"#,
+            r#"{"type":"message_start","message":{"usage":null},"usage":{"input_tokens":5}}"#,
+            r#"{"type":"message_start","message":7,"usage":{"input_tokens":5}}"#,
+            r#"{"type":"response.completed","response":{"usage":{"input_tokens":11,"output_tokens":6,"input_tokens_details":{"cached_tokens":2}}}}"#,
+            r#"{"usage":[1],"message":{"usage":"x"},"response":{"usage":{"input_tokens":-1,"output_tokens":2.5}}}"#,
+            r#"{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}"#,
+            "not json",
+        ];
+        for protocol in [Protocol::Chat, Protocol::Messages, Protocol::Responses] {
+            for data in events {
+                let start = ir::Usage {
+                    input: 100,
+                    output: 100,
+                    ..ir::Usage::default()
+                };
+                let (mut typed, mut tree) = (start, start);
+                if let Ok(e) = translate::lax::parse::<UsageEvent<'_>>(data.as_bytes()) {
+                    e.read_into(protocol, &mut typed);
+                }
+                usage_by_tree(protocol, data, &mut tree);
+                assert_eq!(typed, tree, "{protocol:?} {data}");
+            }
+        }
     }
 
     /// The search `last_usage` made with a two-way searcher, kept as the reference it keeps to.

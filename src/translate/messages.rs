@@ -46,6 +46,8 @@ fn finish_name(f: &Finish) -> &'static str {
     }
 }
 
+/// A `usage` object read from a `Value` tree: the reading [`Counts`] is held to.
+#[cfg(test)]
 pub(crate) fn usage_from(u: &Value, into: &mut Usage) {
     let n = |k: &str| u.get(k).and_then(Value::as_u64);
     if let Some(x) = n("input_tokens") {
