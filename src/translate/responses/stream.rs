@@ -18,6 +18,97 @@ struct DeltaIn<'a> {
     item_id: Option<Cow<'a, str>>,
 }
 
+// The payloads of the events every output item sends, written without a `Value` tree: their
+// members in alphabetical order, the order `Value`'s map wrote them in, so the bytes are the same.
+
+/// `response.output_item.added` and `.done`.
+#[derive(Serialize)]
+struct ItemEvent<I> {
+    item: I,
+    output_index: usize,
+}
+
+/// A message item as it opens.
+#[derive(Serialize)]
+struct MessageOpen<'a> {
+    content: [(); 0],
+    id: &'a str,
+    role: &'static str,
+    status: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// A reasoning item as it opens.
+#[derive(Serialize)]
+struct ReasoningOpen<'a> {
+    id: &'a str,
+    summary: [(); 0],
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `response.content_part.added` and `.done`.
+#[derive(Serialize)]
+struct ContentPartEvent<'a> {
+    content_index: u32,
+    item_id: &'a str,
+    output_index: usize,
+    part: OutputTextPart<'a>,
+}
+
+#[derive(Serialize)]
+struct OutputTextPart<'a> {
+    annotations: [(); 0],
+    text: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `response.output_text.done`.
+#[derive(Serialize)]
+struct OutputTextDone<'a> {
+    content_index: u32,
+    item_id: &'a str,
+    logprobs: [(); 0],
+    output_index: usize,
+    text: &'a str,
+}
+
+/// `response.reasoning_summary_part.added` and `.done`.
+#[derive(Serialize)]
+struct SummaryPartEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    part: SummaryTextPart<'a>,
+    summary_index: u32,
+}
+
+#[derive(Serialize)]
+struct SummaryTextPart<'a> {
+    text: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `response.reasoning_summary_text.done`.
+#[derive(Serialize)]
+struct SummaryTextDone<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    summary_index: u32,
+    text: &'a str,
+}
+
+/// `response.function_call_arguments.done`.
+#[derive(Serialize)]
+struct ArgumentsDone<'a> {
+    arguments: &'a str,
+    item_id: &'a str,
+    name: &'a str,
+    output_index: usize,
+}
+
 /// A `*.delta` event written from borrowed parts without a `Value` tree.
 #[derive(Clone, Copy, Serialize)]
 struct DeltaOut<'a> {
@@ -315,11 +406,11 @@ impl StreamEncoder {
     }
 
     /// Writes the event `kind` with the members of the object `payload` after its `type` and
-    /// `sequence_number`, without putting them into the `Value` first.
-    fn emit(&mut self, out: &mut Vec<u8>, kind: &str, payload: Value) {
+    /// `sequence_number`.
+    fn emit(&mut self, out: &mut Vec<u8>, kind: &str, payload: &impl Serialize) {
         self.emit_with(out, kind, |o| {
             // Writing into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *o, &payload);
+            let _ = serde_json::to_writer(&mut *o, payload);
         });
     }
 
@@ -393,13 +484,57 @@ impl StreamEncoder {
                 text,
                 signature,
             } => {
-                self.emit(out, "response.reasoning_summary_text.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "text": text}));
-                self.emit(out, "response.reasoning_summary_part.done", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": text}}));
+                self.emit(
+                    out,
+                    "response.reasoning_summary_text.done",
+                    &SummaryTextDone {
+                        item_id: &id,
+                        output_index,
+                        summary_index: 0,
+                        text: &text,
+                    },
+                );
+                self.emit(
+                    out,
+                    "response.reasoning_summary_part.done",
+                    &SummaryPartEvent {
+                        item_id: &id,
+                        output_index,
+                        part: SummaryTextPart {
+                            text: &text,
+                            kind: "summary_text",
+                        },
+                        summary_index: 0,
+                    },
+                );
                 reasoning_item(&id, &text, signature.as_deref())
             }
             OpenItem::Message { id, text } => {
-                self.emit(out, "response.output_text.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []}));
-                self.emit(out, "response.content_part.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}));
+                self.emit(
+                    out,
+                    "response.output_text.done",
+                    &OutputTextDone {
+                        content_index: 0,
+                        item_id: &id,
+                        logprobs: [],
+                        output_index,
+                        text: &text,
+                    },
+                );
+                self.emit(
+                    out,
+                    "response.content_part.done",
+                    &ContentPartEvent {
+                        content_index: 0,
+                        item_id: &id,
+                        output_index,
+                        part: OutputTextPart {
+                            annotations: [],
+                            text: &text,
+                            kind: "output_text",
+                        },
+                    },
+                );
                 message_item(&id, &text, status)
             }
             OpenItem::Call {
@@ -418,12 +553,12 @@ impl StreamEncoder {
                         self.emit(
                             out,
                             "response.custom_tool_call_input.delta",
-                            json!({"item_id": id, "output_index": output_index, "delta": input}),
+                            &json!({"item_id": id, "output_index": output_index, "delta": input}),
                         );
                         self.emit(
                             out,
                             "response.custom_tool_call_input.done",
-                            json!({"item_id": id, "output_index": output_index, "input": input}),
+                            &json!({"item_id": id, "output_index": output_index, "input": input}),
                         );
                     }
                     // OpenAI streams no argument events for a shell call: the item is added
@@ -432,14 +567,32 @@ impl StreamEncoder {
                         self.emit(
                             out,
                             "response.output_item.added",
-                            json!({"output_index": output_index, "item": item.clone()}),
+                            &json!({"output_index": output_index, "item": item.clone()}),
                         );
                     }
                     Some(ClientTool::Namespaced { name, .. }) => {
-                        self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
+                        self.emit(
+                            out,
+                            "response.function_call_arguments.done",
+                            &ArgumentsDone {
+                                arguments: &args,
+                                item_id: &id,
+                                name,
+                                output_index,
+                            },
+                        );
                     }
                     None => {
-                        self.emit(out, "response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "name": name, "arguments": args}));
+                        self.emit(
+                            out,
+                            "response.function_call_arguments.done",
+                            &ArgumentsDone {
+                                arguments: &args,
+                                item_id: &id,
+                                name: &name,
+                                output_index,
+                            },
+                        );
                     }
                 }
                 item
@@ -448,7 +601,10 @@ impl StreamEncoder {
         self.emit(
             out,
             "response.output_item.done",
-            json!({"output_index": output_index, "item": done}),
+            &ItemEvent {
+                item: &done,
+                output_index,
+            },
         );
         self.output.push(done);
     }
@@ -479,7 +635,7 @@ impl StreamEncoder {
         self.emit(
             out,
             "response.function_call_arguments.delta",
-            json!({"item_id": item_id, "output_index": output_index, "delta": fragment}),
+            &json!({"item_id": item_id, "output_index": output_index, "delta": fragment}),
         );
     }
 
@@ -504,8 +660,31 @@ impl StreamEncoder {
                     self.close(out);
                     let id = ir::mint_id("rs_");
                     let output_index = self.output.len();
-                    self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "reasoning", "id": id, "summary": []}}));
-                    self.emit(out, "response.reasoning_summary_part.added", json!({"item_id": id, "output_index": output_index, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}));
+                    self.emit(
+                        out,
+                        "response.output_item.added",
+                        &ItemEvent {
+                            item: ReasoningOpen {
+                                id: &id,
+                                summary: [],
+                                kind: "reasoning",
+                            },
+                            output_index,
+                        },
+                    );
+                    self.emit(
+                        out,
+                        "response.reasoning_summary_part.added",
+                        &SummaryPartEvent {
+                            item_id: &id,
+                            output_index,
+                            part: SummaryTextPart {
+                                text: "",
+                                kind: "summary_text",
+                            },
+                            summary_index: 0,
+                        },
+                    );
                     self.open = Some(OpenItem::Reasoning {
                         id,
                         text: String::new(),
@@ -539,8 +718,34 @@ impl StreamEncoder {
                     self.close(out);
                     let id = ir::mint_id("msg_");
                     let output_index = self.output.len();
-                    self.emit(out, "response.output_item.added", json!({"output_index": output_index, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}));
-                    self.emit(out, "response.content_part.added", json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
+                    self.emit(
+                        out,
+                        "response.output_item.added",
+                        &ItemEvent {
+                            item: MessageOpen {
+                                content: [],
+                                id: &id,
+                                role: "assistant",
+                                status: "in_progress",
+                                kind: "message",
+                            },
+                            output_index,
+                        },
+                    );
+                    self.emit(
+                        out,
+                        "response.content_part.added",
+                        &ContentPartEvent {
+                            content_index: 0,
+                            item_id: &id,
+                            output_index,
+                            part: OutputTextPart {
+                                annotations: [],
+                                text: "",
+                                kind: "output_text",
+                            },
+                        },
+                    );
                     self.open = Some(OpenItem::Message {
                         id,
                         text: String::new(),
@@ -578,7 +783,7 @@ impl StreamEncoder {
                     self.emit(
                         out,
                         "response.output_item.added",
-                        json!({"output_index": output_index, "item": item}),
+                        &json!({"output_index": output_index, "item": item}),
                     );
                 }
                 self.open = Some(OpenItem::Call {
@@ -641,10 +846,10 @@ impl StreamEncoder {
                 self.emit(
                     out,
                     "error",
-                    json!({"code": code, "message": e.message, "param": null,
+                    &json!({"code": code, "message": e.message, "param": null,
                         "error": {"type": "server_error", "code": code, "message": e.message}}),
                 );
-                self.emit(out, "response.failed", json!({"response": r}));
+                self.emit(out, "response.failed", &json!({"response": r}));
                 self.done = true;
             }
         }
@@ -657,12 +862,109 @@ mod tests {
 
     use super::*;
 
+    /// Each typed payload has the bytes of the `Value` it replaced.
+    #[test]
+    fn typed_payloads_are_their_trees_bytes() {
+        fn same(typed: &impl Serialize, tree: &Value) {
+            assert_eq!(
+                serde_json::to_string(typed).unwrap(),
+                serde_json::to_string(tree).unwrap()
+            );
+        }
+        let (id, text, i) = ("msg_1", "a \"b\"\n", 3);
+        same(
+            &ItemEvent {
+                item: MessageOpen {
+                    content: [],
+                    id,
+                    role: "assistant",
+                    status: "in_progress",
+                    kind: "message",
+                },
+                output_index: i,
+            },
+            &json!({"output_index": i, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}),
+        );
+        same(
+            &ItemEvent {
+                item: ReasoningOpen {
+                    id,
+                    summary: [],
+                    kind: "reasoning",
+                },
+                output_index: i,
+            },
+            &json!({"output_index": i, "item": {"type": "reasoning", "id": id, "summary": []}}),
+        );
+        let item = json!({"type": "message", "id": id});
+        same(
+            &ItemEvent {
+                item: &item,
+                output_index: i,
+            },
+            &json!({"output_index": i, "item": item}),
+        );
+        same(
+            &ContentPartEvent {
+                content_index: 0,
+                item_id: id,
+                output_index: i,
+                part: OutputTextPart {
+                    annotations: [],
+                    text,
+                    kind: "output_text",
+                },
+            },
+            &json!({"item_id": id, "output_index": i, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}),
+        );
+        same(
+            &OutputTextDone {
+                content_index: 0,
+                item_id: id,
+                logprobs: [],
+                output_index: i,
+                text,
+            },
+            &json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []}),
+        );
+        same(
+            &SummaryPartEvent {
+                item_id: id,
+                output_index: i,
+                part: SummaryTextPart {
+                    text,
+                    kind: "summary_text",
+                },
+                summary_index: 0,
+            },
+            &json!({"item_id": id, "output_index": i, "summary_index": 0, "part": {"type": "summary_text", "text": text}}),
+        );
+        same(
+            &SummaryTextDone {
+                item_id: id,
+                output_index: i,
+                summary_index: 0,
+                text,
+            },
+            &json!({"item_id": id, "output_index": i, "summary_index": 0, "text": text}),
+        );
+        same(
+            &ArgumentsDone {
+                arguments: "{\"a\":1}",
+                item_id: id,
+                name: "f",
+                output_index: i,
+            },
+            &json!({"item_id": id, "output_index": i, "name": "f", "arguments": "{\"a\":1}"}),
+        );
+    }
+
     #[test]
     fn events_carry_their_type_and_number_first_then_the_payloads_members() {
         let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
         let mut out = Vec::new();
-        e.emit(&mut out, "a", json!({}));
-        e.emit(&mut out, "b", json!({"x": [1, {"y": "}"}], "z": null}));
+        e.emit(&mut out, "a", &json!({}));
+        e.emit(&mut out, "b", &json!({"x": [1, {"y": "}"}], "z": null}));
         e.emit_response(&mut out, "c", br#"{"id":"r"}"#);
         let text = String::from_utf8(out).unwrap();
         let mut events = Vec::new();
