@@ -83,7 +83,8 @@ lax_struct! {
 }
 
 lax_struct! {
-    /// A content block of any type: the members each type reads.
+    /// A content block of any type, in a reply or as a stream's `content_block_start` opens
+    /// it: the members each type reads.
     struct UpstreamBlock<'a> {
         kind = "type": Loose<'a>,
         text: Loose<'a>,

@@ -308,20 +308,6 @@ impl<'a> ResponseOut<'a> {
     }
 }
 
-/// The response object as a `Value`, for what keeps or changes it (the store, a failure).
-fn response_object(
-    head: Head<'_>,
-    status: &str,
-    output: &[Value],
-    finish: Option<&Finish>,
-    usage: Option<&Usage>,
-    echo: &Echo,
-) -> Value {
-    let r = ResponseOut::new(head, status, output, finish, usage, echo);
-    // Serialising plain data cannot fail; an echoed raw value is JSON already.
-    serde_json::to_value(&r).unwrap_or_default()
-}
-
 fn status_of(f: &Finish) -> &'static str {
     match f {
         Finish::MaxTokens | Finish::ContentFilter => "incomplete",
@@ -400,6 +386,25 @@ struct ReplyParts {
     output: Vec<Value>,
 }
 
+impl ReplyParts {
+    /// The response object of reply `r` made of these parts.
+    fn response<'a>(
+        &'a self,
+        r: &'a ir::Response,
+        model: &'a str,
+        echo: &'a Echo,
+    ) -> ResponseOut<'a> {
+        ResponseOut::new(
+            Head(&self.id, r.created, model),
+            self.status,
+            &self.output,
+            Some(&r.finish),
+            Some(&r.usage),
+            echo,
+        )
+    }
+}
+
 fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyParts {
     let mut output = Vec::new();
     let mut text = String::new();
@@ -463,14 +468,8 @@ pub fn ir_to_response(
     client_tools: &ToolMap,
 ) -> Value {
     let p = reply_parts(r, echo, client_tools);
-    response_object(
-        Head(&p.id, r.created, client_model),
-        p.status,
-        &p.output,
-        Some(&r.finish),
-        Some(&r.usage),
-        echo,
-    )
+    // Plain data, `Value`s and raw JSON always serialise; the fallback is never taken.
+    serde_json::to_value(p.response(r, client_model, echo)).unwrap_or_default()
 }
 
 /// The same reply as [`ir_to_response`], written straight to bytes with no tree of the whole
@@ -482,16 +481,7 @@ pub fn response_bytes(
     client_tools: &ToolMap,
 ) -> Vec<u8> {
     let p = reply_parts(r, echo, client_tools);
-    let out = ResponseOut::new(
-        Head(&p.id, r.created, client_model),
-        p.status,
-        &p.output,
-        Some(&r.finish),
-        Some(&r.usage),
-        echo,
-    );
-    // Plain data, `Value`s and raw JSON always serialise; the fallback is never taken.
-    serde_json::to_vec(&out).unwrap_or_default()
+    serde_json::to_vec(&p.response(r, client_model, echo)).unwrap_or_default()
 }
 
 // === errors ===
@@ -562,14 +552,7 @@ mod tests {
                     },
                 };
                 let p = reply_parts(&r, echo, &ToolMap::default());
-                let out = ResponseOut::new(
-                    Head(&p.id, r.created, "client-model"),
-                    p.status,
-                    &p.output,
-                    Some(&r.finish),
-                    Some(&r.usage),
-                    echo,
-                );
+                let out = p.response(&r, "client-model", echo);
                 let bytes = String::from_utf8(serde_json::to_vec(&out).unwrap()).unwrap();
                 let tree = serde_json::to_string(&serde_json::to_value(&out).unwrap()).unwrap();
                 assert_eq!(bytes, tree);

@@ -23,7 +23,7 @@ lax_struct! {
         kind = "type": Loose<'a>,
         index: Loose<'a>,
         message: MessageIn<'a>,
-        content_block: BlockIn<'a>,
+        content_block: UpstreamBlock<'a>,
         delta: DeltaIn<'a>,
         usage: RawText<'a>,
         error: ErrorIn<'a>,
@@ -36,17 +36,6 @@ lax_struct! {
         id: Loose<'a>,
         model: Loose<'a>,
         usage: RawText<'a>,
-    }
-}
-
-lax_struct! {
-    /// `content_block_start`'s block.
-    struct BlockIn<'a> {
-        kind = "type": Loose<'a>,
-        id: Loose<'a>,
-        name: Loose<'a>,
-        text: Loose<'a>,
-        data: Loose<'a>,
     }
 }
 

@@ -57,6 +57,22 @@ struct ContentPartEvent<'a> {
     part: OutputTextPart<'a>,
 }
 
+impl<'a> ContentPartEvent<'a> {
+    /// The event of item `item_id`'s text part, holding `text` so far.
+    fn output_text(item_id: &'a str, output_index: usize, text: &'a str) -> Self {
+        Self {
+            content_index: 0,
+            item_id,
+            output_index,
+            part: OutputTextPart {
+                annotations: [],
+                text,
+                kind: "output_text",
+            },
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct OutputTextPart<'a> {
     annotations: [(); 0],
@@ -82,6 +98,21 @@ struct SummaryPartEvent<'a> {
     output_index: usize,
     part: SummaryTextPart<'a>,
     summary_index: u32,
+}
+
+impl<'a> SummaryPartEvent<'a> {
+    /// The event of item `item_id`'s summary part, holding `text` so far.
+    fn summary_text(item_id: &'a str, output_index: usize, text: &'a str) -> Self {
+        Self {
+            item_id,
+            output_index,
+            part: SummaryTextPart {
+                text,
+                kind: "summary_text",
+            },
+            summary_index: 0,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -497,15 +528,7 @@ impl StreamEncoder {
                 self.emit(
                     out,
                     "response.reasoning_summary_part.done",
-                    &SummaryPartEvent {
-                        item_id: &id,
-                        output_index,
-                        part: SummaryTextPart {
-                            text: &text,
-                            kind: "summary_text",
-                        },
-                        summary_index: 0,
-                    },
+                    &SummaryPartEvent::summary_text(&id, output_index, &text),
                 );
                 reasoning_item(&id, &text, signature.as_deref())
             }
@@ -524,16 +547,7 @@ impl StreamEncoder {
                 self.emit(
                     out,
                     "response.content_part.done",
-                    &ContentPartEvent {
-                        content_index: 0,
-                        item_id: &id,
-                        output_index,
-                        part: OutputTextPart {
-                            annotations: [],
-                            text: &text,
-                            kind: "output_text",
-                        },
-                    },
+                    &ContentPartEvent::output_text(&id, output_index, &text),
                 );
                 message_item(&id, &text, status)
             }
@@ -570,7 +584,12 @@ impl StreamEncoder {
                             &json!({"output_index": output_index, "item": item.clone()}),
                         );
                     }
-                    Some(ClientTool::Namespaced { name, .. }) => {
+                    // A namespaced call is named as its namespace declared it.
+                    Some(ClientTool::Namespaced { .. }) | None => {
+                        let name = match &kind {
+                            Some(ClientTool::Namespaced { name: own, .. }) => own,
+                            _ => &name,
+                        };
                         self.emit(
                             out,
                             "response.function_call_arguments.done",
@@ -578,18 +597,6 @@ impl StreamEncoder {
                                 arguments: &args,
                                 item_id: &id,
                                 name,
-                                output_index,
-                            },
-                        );
-                    }
-                    None => {
-                        self.emit(
-                            out,
-                            "response.function_call_arguments.done",
-                            &ArgumentsDone {
-                                arguments: &args,
-                                item_id: &id,
-                                name: &name,
                                 output_index,
                             },
                         );
@@ -675,15 +682,7 @@ impl StreamEncoder {
                     self.emit(
                         out,
                         "response.reasoning_summary_part.added",
-                        &SummaryPartEvent {
-                            item_id: &id,
-                            output_index,
-                            part: SummaryTextPart {
-                                text: "",
-                                kind: "summary_text",
-                            },
-                            summary_index: 0,
-                        },
+                        &SummaryPartEvent::summary_text(&id, output_index, ""),
                     );
                     self.open = Some(OpenItem::Reasoning {
                         id,
@@ -735,16 +734,7 @@ impl StreamEncoder {
                     self.emit(
                         out,
                         "response.content_part.added",
-                        &ContentPartEvent {
-                            content_index: 0,
-                            item_id: &id,
-                            output_index,
-                            part: OutputTextPart {
-                                annotations: [],
-                                text: "",
-                                kind: "output_text",
-                            },
-                        },
+                        &ContentPartEvent::output_text(&id, output_index, ""),
                     );
                     self.open = Some(OpenItem::Message {
                         id,
