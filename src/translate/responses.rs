@@ -206,25 +206,23 @@ impl Serialize for Echoed<'_> {
 /// The identity of a response object: id, creation time, model.
 struct Head<'a>(&'a str, u64, &'a str);
 
-/// A response object: the reply's own members and what the request said, echoed. Its members
-/// are declared in alphabetical order, the order `Value`'s map writes them in, so the bytes
-/// written straight from it are those its tree writes.
+/// A response object: the reply's own members, then what the request said, echoed, in
+/// OpenAI's order, streamed or not.
 #[derive(Serialize)]
 struct ResponseOut<'a> {
-    created_at: u64,
-    error: Option<()>,
     id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'a str,
+    error: Option<()>,
     incomplete_details: Option<IncompleteOut>,
     instructions: Echoed<'a>,
     max_output_tokens: Echoed<'a>,
-    metadata: EmptyObject,
     model: &'a str,
-    object: &'static str,
     output: &'a [Value],
     parallel_tool_calls: Echoed<'a>,
     previous_response_id: Echoed<'a>,
     reasoning: ReasoningOut<'a>,
-    status: &'a str,
     /// Stored unless the client said otherwise (gateway.md §13).
     store: Echoed<'a>,
     temperature: Echoed<'a>,
@@ -234,6 +232,7 @@ struct ResponseOut<'a> {
     top_p: Echoed<'a>,
     truncation: &'static str,
     usage: Option<Value>,
+    metadata: EmptyObject,
 }
 
 #[derive(Serialize)]
@@ -503,11 +502,10 @@ mod tests {
         Some(RawValue::from_string(text.to_owned()).unwrap())
     }
 
-    /// Written straight from the struct, a reply has the bytes its tree has: the same members,
-    /// in `Value`'s (alphabetical) order, at every level; echoed members as the client wrote
-    /// them.
+    /// Written straight from the struct, a reply holds what its tree holds, its members in
+    /// OpenAI's order; echoed members as the client wrote them.
     #[test]
-    fn reply_bytes_are_the_trees_bytes() {
+    fn reply_bytes_hold_the_trees_members_in_openais_order() {
         let echo = Echo {
             tools: raw(r#"[{"name":"f","parameters":{},"type":"function"}]"#),
             temperature: raw("0.5"),
@@ -554,8 +552,12 @@ mod tests {
                 let p = reply_parts(&r, echo, &ToolMap::default());
                 let out = p.response(&r, "client-model", echo);
                 let bytes = String::from_utf8(serde_json::to_vec(&out).unwrap()).unwrap();
-                let tree = serde_json::to_string(&serde_json::to_value(&out).unwrap()).unwrap();
-                assert_eq!(bytes, tree);
+                let tree = serde_json::to_value(&out).unwrap();
+                assert_eq!(serde_json::from_str::<Value>(&bytes).unwrap(), tree);
+                let first = ["\"id\":", "\"object\":", "\"created_at\":", "\"status\":"];
+                let at: Vec<usize> = first.iter().map(|k| bytes.find(k).unwrap()).collect();
+                assert!(at.windows(2).all(|w| w[0] < w[1]), "{bytes}");
+                assert!(bytes.starts_with("{\"id\":"), "{bytes}");
                 let written: Value = serde_json::from_slice(&response_bytes(
                     &r,
                     "client-model",
