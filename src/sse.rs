@@ -112,6 +112,12 @@ impl SseDecoder {
         }
     }
 
+    /// Between events: no line, field or line end of one begun. Bytes fed from here that end
+    /// with an empty line leave the decoder here again, so skipping them loses nothing else.
+    pub fn is_idle(&self) -> bool {
+        self.partial.is_empty() && !self.has_data && !self.has_event && !self.pending_cr
+    }
+
     /// Ends the stream: a final event without its blank line is still dispatched (as browsers do not,
     /// but a truncated upstream's last complete data line is better surfaced than lost).
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) {

@@ -21,7 +21,6 @@ use http::{HeaderValue, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -29,9 +28,9 @@ use crate::body::{self, Body, BoxError};
 use crate::config::StoreSettings;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json::RawObject;
-use crate::sse::{EventRef, SseDecoder};
+use crate::sse::{EventRef, EventTooLarge, SseDecoder};
 use crate::store::{RedisStore, StoreError};
-use crate::translate::lax::{self, lax_struct, Loose, Raw};
+use crate::translate::lax::{self, lax_struct, Loose, Spanned};
 
 /// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
 const MAX_ID_LEN: usize = 256;
@@ -415,13 +414,35 @@ struct Job {
     own_from: usize,
 }
 
+/// A response object to store: its text as served, and the ids it holds, read with it.
+struct Answer {
+    text: Box<str>,
+    id: Option<String>,
+    /// Its output items' ids.
+    output: Vec<String>,
+}
+
+impl Answer {
+    fn new(text: &str, ids: &StoredIds<'_>) -> Self {
+        Self {
+            text: text.into(),
+            id: ids.id.as_str().map(str::to_owned),
+            output: (ids.output.as_array().unwrap_or_default().iter())
+                .filter_map(|i| i.id.as_str().map(str::to_owned))
+                .collect(),
+        }
+    }
+
+    /// A response object's text, when it is JSON.
+    fn read(text: &str) -> Option<Self> {
+        let ids = lax::parse::<StoredIds<'_>>(text.as_bytes()).ok()?;
+        Some(Self::new(text, &ids))
+    }
+}
+
 impl Job {
-    async fn record(self, response: &RawValue) {
-        let Ok(read) = lax::parse::<StoredIds<'_>>(response.get().as_bytes()) else {
-            tracing::warn!("a responses answer did not read as JSON; not stored");
-            return;
-        };
-        let Some(id) = read.id.as_str() else {
+    async fn record(self, answer: &Answer) {
+        let Some(id) = answer.id.as_deref() else {
             tracing::warn!("a responses answer had no id; not stored");
             return;
         };
@@ -433,16 +454,15 @@ impl Job {
             }
             Served::Kept => {
                 let input = input_items(&self.body);
-                let output = read.output.as_array().unwrap_or_default();
                 let mut items: Vec<String> = input
                     .iter()
                     .skip(self.own_from)
                     .filter_map(|i| i.get("id").and_then(Value::as_str))
-                    .chain(output.iter().filter_map(|i| i.id.as_str()))
+                    .chain(answer.output.iter().map(String::as_str))
                     .map(str::to_owned)
                     .collect();
                 items.dedup();
-                match translated_text(response, &input) {
+                match translated_text(&answer.text, &input) {
                     Ok(text) => self.store.put_text(&self.key, id, text, &items).await,
                     Err(e) => Err(StoreError(format!("a response could not be written: {e}"))),
                 }
@@ -455,13 +475,13 @@ impl Job {
 
     /// Stores in a task of its own (it finishes even if the client leaves); the receiver
     /// says when it is done.
-    fn spawn(self, response: Box<RawValue>) -> Option<oneshot::Receiver<()>> {
+    fn spawn(self, answer: Answer) -> Option<oneshot::Receiver<()>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = oneshot::channel();
         // Detached on purpose: the store write is bounded by the store's own timeout, and a
         // client that hung up after `response.completed` should still find its response.
         handle.spawn(async move {
-            self.record(&response).await;
+            self.record(&answer).await;
             let _ = tx.send(());
         });
         Some(rx)
@@ -496,8 +516,8 @@ pub async fn finish(
     let (mut parts, inner) = resp.into_parts();
     let bytes = body::collect_reply(inner).await?;
     // Kept as the text it is: what storing needs of it (its ids) is read without a tree.
-    if let Ok(response) = serde_json::from_slice::<&RawValue>(&bytes) {
-        job.record(response).await;
+    if let Some(answer) = std::str::from_utf8(&bytes).ok().and_then(Answer::read) {
+        job.record(&answer).await;
     }
     parts.headers.remove(http::header::CONTENT_LENGTH);
     Ok(Response::from_parts(parts, body::full(bytes)))
@@ -507,7 +527,7 @@ pub async fn finish(
 /// before the frame that carries it goes out.
 struct Tap {
     inner: Body,
-    decoder: SseDecoder,
+    watch: TerminalWatch,
     job: Option<Job>,
     waiting: Option<(oneshot::Receiver<()>, Frame<Bytes>)>,
 }
@@ -516,11 +536,56 @@ impl Tap {
     fn new(inner: Body, job: Job, max_event: usize) -> Self {
         Self {
             inner,
-            decoder: SseDecoder::with_limit(max_event),
+            watch: TerminalWatch {
+                decoder: SseDecoder::with_limit(max_event),
+            },
             job: Some(job),
             waiting: None,
         }
     }
+}
+
+/// Finds a responses stream's terminal event in its frames as they pass.
+struct TerminalWatch {
+    decoder: SseDecoder,
+}
+
+impl TerminalWatch {
+    /// The response object of the terminal event `data` completes, if it completes one;
+    /// `Err` once an event is too large to read.
+    fn frame(&mut self, data: &[u8]) -> Result<Option<Answer>, EventTooLarge> {
+        // Every frame passes here, deltas by the hundred. Whole events that name no terminal
+        // event, fed from between events, give nothing and leave the decoder between events:
+        // they need not be decoded. A translated stream's frames always hold whole events, and
+        // a burst's last frame holds its terminal event after all the others.
+        let mut from = 0;
+        if self.decoder.is_idle() {
+            match first_terminal_name(data) {
+                None if data.ends_with(b"\n\n") => return Ok(None),
+                None => {}
+                Some(at) => {
+                    if let Some(end) = memchr::memmem::rfind(&data[..at], b"\n\n") {
+                        from = end + 2;
+                    }
+                }
+            }
+        }
+        let mut response = None;
+        self.decoder.feed_with(&data[from..], |ev| {
+            if response.is_none() {
+                response = terminal(ev);
+            }
+        })?;
+        Ok(response)
+    }
+}
+
+/// Where `bytes` first name a terminal event: [`terminal`] finds one only where its name is
+/// the event's, or is in its data.
+fn first_terminal_name(bytes: &[u8]) -> Option<usize> {
+    static NAMES: LazyLock<[memchr::memmem::Finder<'static>; 3]> =
+        LazyLock::new(|| TERMINAL.map(memchr::memmem::Finder::new));
+    NAMES.iter().filter_map(|name| name.find(bytes)).min()
 }
 
 const TERMINAL: [&str; 3] = [
@@ -530,9 +595,9 @@ const TERMINAL: [&str; 3] = [
 ];
 
 /// The response object of a terminal event, if `ev` is one.
-fn terminal(ev: EventRef<'_>) -> Option<Box<RawValue>> {
-    // Every event passes here, deltas by the hundred: one search rules out all that carry no
-    // response object, before the names are looked for.
+fn terminal(ev: EventRef<'_>) -> Option<Answer> {
+    // Every event of a frame that is decoded passes here: one search rules out all that carry
+    // no response object, before the names are looked for.
     static RESPONSE_KEY: LazyLock<memchr::memmem::Finder<'static>> =
         LazyLock::new(|| memchr::memmem::Finder::new(b"\"response\""));
     let named = ev.event.is_some_and(|e| TERMINAL.contains(&e));
@@ -546,14 +611,16 @@ fn terminal(ev: EventRef<'_>) -> Option<Box<RawValue>> {
     if !TERMINAL.contains(&event.kind.as_str()?) {
         return None;
     }
-    event.response.0.map(ToOwned::to_owned)
+    let response = event.response;
+    Some(Answer::new(response.text?, &response.typed))
 }
 
 lax_struct! {
-    /// What a terminal event is read for: its type and its response object, as text.
+    /// What a terminal event is read for: its type, and its response object as text and for
+    /// the ids storing it needs, in one read.
     struct TerminalEvent<'a> {
         kind = "type": Loose<'a>,
-        response: Raw<'a>,
+        response: Spanned<'a, StoredIds<'a>>,
     }
 }
 
@@ -573,9 +640,8 @@ lax_struct! {
 
 /// The stored text of a translated response: the text `Record::Translated` serialises to,
 /// written around the response's own text rather than a tree of it; read back as any record.
-fn translated_text(response: &RawValue, input: &[Value]) -> serde_json::Result<String> {
+fn translated_text(response: &str, input: &[Value]) -> serde_json::Result<String> {
     let input = serde_json::to_string(input)?;
-    let response = response.get();
     let mut text = String::with_capacity(response.len() + input.len() + 48);
     text.push_str(r#"{"kind":"translated","response":"#);
     text.push_str(response);
@@ -606,22 +672,17 @@ impl HttpBody for Tap {
             other => return Poll::Ready(other),
         };
         if let (Some(data), true) = (frame.data_ref(), this.job.is_some()) {
-            let mut response = None;
-            let fed = this.decoder.feed_with(data, |ev| {
-                if response.is_none() {
-                    response = terminal(ev);
+            match this.watch.frame(data) {
+                Ok(None) => {}
+                Ok(Some(response)) => {
+                    if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
+                        this.waiting = Some((rx, frame));
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                 }
-            });
-            if fed.is_err() {
                 // Too large to read: the stream still flows, unstored.
-                this.job = None;
-            }
-            if let Some(response) = response {
-                if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
-                    this.waiting = Some((rx, frame));
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
+                Err(EventTooLarge(_)) => this.job = None,
             }
         }
         Poll::Ready(Some(Ok(frame)))
@@ -739,9 +800,13 @@ mod tests {
         EventRef { event, data }
     }
 
-    /// The response object of a terminal event, read as a tree.
+    /// The response object of a terminal event, read as a tree; the ids read with it are
+    /// those its text holds.
     fn response_of(e: EventRef<'_>) -> Option<Value> {
-        terminal(e).map(|raw| serde_json::from_str(raw.get()).unwrap())
+        let answer = terminal(e)?;
+        let again = Answer::read(&answer.text).unwrap();
+        assert_eq!((&answer.id, &answer.output), (&again.id, &again.output));
+        Some(serde_json::from_str(&answer.text).unwrap())
     }
 
     /// A translated record written around the response's text reads back as the record
@@ -750,8 +815,7 @@ mod tests {
     fn a_translated_record_written_as_text_reads_back_as_the_record() {
         let response = r#"{"id":"resp_1", "output":[{"id":"msg_2","type":"message"},{"type":"x"},{"id":"fc_3"}],"status":"completed"}"#;
         let input = vec![json!({"id": "msg_1", "role": "user", "content": "hi"})];
-        let raw = serde_json::from_str::<&RawValue>(response).unwrap();
-        let text = translated_text(raw, &input).unwrap();
+        let text = translated_text(response, &input).unwrap();
         let read: Record = serde_json::from_str(&text).unwrap();
         let by_serde = Record::Translated {
             response: serde_json::from_str(response).unwrap(),
@@ -762,16 +826,83 @@ mod tests {
             serde_json::to_value(&read).unwrap(),
             serde_json::to_value(same.unwrap()).unwrap()
         );
-        let ids = lax::parse::<StoredIds<'_>>(response.as_bytes()).unwrap();
-        assert_eq!(ids.id.as_str(), Some("resp_1"));
-        let output: Vec<_> = ids
-            .output
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i.id.as_str())
-            .collect();
-        assert_eq!(output, [Some("msg_2"), None, Some("fc_3")]);
+        let answer = Answer::read(response).unwrap();
+        assert_eq!(answer.id.as_deref(), Some("resp_1"));
+        assert_eq!(answer.output, ["msg_2", "fc_3"]);
+    }
+
+    /// What the watch found in one frame, as text to compare.
+    type Found = Result<Option<String>, EventTooLarge>;
+
+    /// The watch's reference: every frame decoded.
+    fn decoding_every_frame(decoder: &mut SseDecoder, data: &[u8]) -> Found {
+        let mut response = None;
+        decoder.feed_with(data, |ev| {
+            if response.is_none() {
+                response = terminal(ev);
+            }
+        })?;
+        Ok(response.map(|r| r.text.into()))
+    }
+
+    /// However a stream is cut into frames, the watch finds in each frame what decoding every
+    /// frame finds: a frame it leaves undecoded never held a terminal event, nor part of one.
+    #[test]
+    fn frames_left_undecoded_never_hold_what_decoding_finds() {
+        let events = [
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"note\":\"response.completed\"}}\n\n",
+            ": keep-alive\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"response.failed is a name\"}\n\n",
+            "data: {\"type\":\"response.output_text.delta\",\n",
+            "data: \"delta\":\"two lines\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"status\":\"completed\"}}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"second\"}}\n\n",
+        ];
+        let lf = events.concat();
+        let streams = [lf.clone(), lf.replace('\n', "\r\n"), lf.replace('\n', "\r")];
+        // The first event boundaries, for frames that each hold whole events.
+        let mut whole = vec![0];
+        for e in &events {
+            whole.push(whole.last().unwrap() + e.len());
+        }
+        let mut state = 7_u64;
+        let mut random = |below: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 33) as usize % below
+        };
+        for stream in &streams {
+            let bytes = stream.as_bytes();
+            let mut cuttings: Vec<Vec<usize>> = (1..bytes.len()).map(|at| vec![at]).collect();
+            cuttings.extend((1..=40).map(|size| (size..bytes.len()).step_by(size).collect()));
+            cuttings.push(whole[1..whole.len() - 1].to_vec());
+            for _ in 0..500 {
+                let mut cuts: Vec<usize> = (0..4).map(|_| 1 + random(bytes.len() - 1)).collect();
+                cuts.sort_unstable();
+                cuts.dedup();
+                cuttings.push(cuts);
+            }
+            for limit in [64, 4096] {
+                for cuts in &cuttings {
+                    let mut watch = TerminalWatch {
+                        decoder: SseDecoder::with_limit(limit),
+                    };
+                    let mut reference = SseDecoder::with_limit(limit);
+                    let mut from = 0;
+                    for &to in cuts.iter().chain([&bytes.len()]) {
+                        let frame = &bytes[from..to];
+                        let found: Found = watch.frame(frame).map(|r| r.map(|r| r.text.into()));
+                        assert_eq!(
+                            found,
+                            decoding_every_frame(&mut reference, frame),
+                            "{cuts:?} at {from}..{to} (limit {limit})"
+                        );
+                        from = to;
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -787,6 +918,16 @@ mod tests {
         let reordered =
             r#"{"response": {"id":"resp_1","status":"completed"}, "type": "response.completed"}"#;
         assert_eq!(response_of(ev(Some("message"), reordered)), Some(want));
+        // Its ids are read with its text, by hand or (an escaped key) by serde.
+        for data in [
+            r#"{"type":"response.completed","response":{"id":"r","output":[{"id":"msg_1"},{"type":"x"},{"id":"fc_2"}]}}"#,
+            r#"{"type":"response.completed","response":{"id":"r","output":[{"id":"msg_1"},{"t\u0079pe":"x"},{"id":"fc_2"}]}}"#,
+        ] {
+            let answer = terminal(ev(None, data)).unwrap();
+            assert_eq!(answer.id.as_deref(), Some("r"), "{data}");
+            assert_eq!(answer.output, ["msg_1", "fc_2"], "{data}");
+            assert!(response_of(ev(None, data)).is_some());
+        }
         for kind in ["response.incomplete", "response.failed"] {
             let data = format!(r#"{{"type":"{kind}","response":{{"id":"r"}}}}"#);
             assert_eq!(

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Number;
 
-use super::lax::{Both, Loose, Raw, RawText};
+use super::lax::{Both, Loose, Raw, RawText, Spanned};
 use crate::json::walk::{self, literal, number, space};
 
 /// A type read by hand from JSON text.
@@ -196,6 +196,19 @@ impl<'a, T: Hand<'a>> Hand<'a> for Both<'a, T> {
         Some((
             Both {
                 raw: Some(raw),
+                typed,
+            },
+            end,
+        ))
+    }
+}
+
+impl<'a, T: Hand<'a>> Hand<'a> for Spanned<'a, T> {
+    fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
+        let (typed, end) = T::read(text, at, open)?;
+        Some((
+            Spanned {
+                text: Some(text.get(at..end)?),
                 typed,
             },
             end,

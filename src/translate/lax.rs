@@ -286,6 +286,25 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Both<'a, T> {
     }
 }
 
+/// A field read once for both its text and its typed reading: the typed read checks every
+/// byte of the value, so its text is the value's span, with no second walk (as [`Both`] makes
+/// for a `RawValue`, which only serde can make).
+#[derive(Debug, Default)]
+pub struct Spanned<'a, T> {
+    pub text: Option<&'a str>,
+    pub typed: T,
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Spanned<'a, T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Both { raw, typed } = Both::<'a, T>::deserialize(d)?;
+        Ok(Self {
+            text: raw.map(RawValue::get),
+            typed,
+        })
+    }
+}
+
 /// An object key, borrowed unless it holds escapes.
 pub struct Key<'a>(pub Cow<'a, str>);
 
