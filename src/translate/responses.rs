@@ -53,15 +53,46 @@ pub(crate) fn usage_from(u: &Value) -> Usage {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
-    let mut details = json!({"cached_tokens": u.cache_read});
-    // Cache writes are counted in `input_tokens`; the newest SDK also names them (C.3), as chat does.
-    if u.cache_write > 0 {
-        details["cache_write_tokens"] = json!(u.cache_write);
+/// A response's `usage`, written from the counts without a `Value` tree: its members in
+/// alphabetical order, as the tree it replaced wrote them.
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u64,
+    input_tokens_details: InputDetailsOut,
+    output_tokens: u64,
+    output_tokens_details: OutputDetailsOut,
+    total_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct InputDetailsOut {
+    /// Cache writes are counted in `input_tokens`; the newest SDK also names them (C.3), as
+    /// chat does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_write_tokens: Option<u64>,
+    cached_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct OutputDetailsOut {
+    reasoning_tokens: u64,
+}
+
+impl UsageOut {
+    fn new(u: &Usage) -> Self {
+        Self {
+            input_tokens: u.prompt_total(),
+            input_tokens_details: InputDetailsOut {
+                cache_write_tokens: (u.cache_write > 0).then_some(u.cache_write),
+                cached_tokens: u.cache_read,
+            },
+            output_tokens: u.output,
+            output_tokens_details: OutputDetailsOut {
+                reasoning_tokens: u.reasoning,
+            },
+            total_tokens: u.total(),
+        }
     }
-    json!({"input_tokens": u.prompt_total(), "input_tokens_details": details,
-        "output_tokens": u.output, "output_tokens_details": {"reasoning_tokens": u.reasoning},
-        "total_tokens": u.total()})
 }
 
 fn finish_from(resp: &Value) -> Finish {
@@ -231,7 +262,7 @@ struct ResponseOut<'a> {
     tools: Echoed<'a>,
     top_p: Echoed<'a>,
     truncation: &'static str,
-    usage: Option<Value>,
+    usage: Option<UsageOut>,
     metadata: EmptyObject,
 }
 
@@ -301,7 +332,7 @@ impl<'a> ResponseOut<'a> {
             tools: echoed(&echo.tools, Absent::NoTools),
             top_p: echoed(&echo.top_p, Absent::Null),
             truncation: "disabled",
-            usage: usage.map(usage_json),
+            usage: usage.map(UsageOut::new),
             metadata: EmptyObject {},
         }
     }
@@ -500,6 +531,36 @@ mod tests {
 
     fn raw(text: &str) -> Option<Box<RawValue>> {
         Some(RawValue::from_string(text.to_owned()).unwrap())
+    }
+
+    /// The tree `UsageOut` replaced, as the reference for its bytes.
+    fn usage_json(u: &Usage) -> Value {
+        let mut details = json!({"cached_tokens": u.cache_read});
+        if u.cache_write > 0 {
+            details["cache_write_tokens"] = json!(u.cache_write);
+        }
+        json!({"input_tokens": u.prompt_total(), "input_tokens_details": details,
+            "output_tokens": u.output, "output_tokens_details": {"reasoning_tokens": u.reasoning},
+            "total_tokens": u.total()})
+    }
+
+    /// The usage written from the counts has the tree's bytes, cache writes or not.
+    #[test]
+    fn usage_bytes_are_the_trees() {
+        for (cache_read, cache_write, reasoning) in [(0, 0, 0), (5, 0, 2), (5, 7, 0), (0, 3, 9)] {
+            let u = Usage {
+                input: 11,
+                output: 13,
+                cache_read,
+                cache_write,
+                reasoning,
+            };
+            assert_eq!(
+                serde_json::to_string(&UsageOut::new(&u)).unwrap(),
+                serde_json::to_string(&usage_json(&u)).unwrap(),
+                "{u:?}"
+            );
+        }
     }
 
     /// Written straight from the struct, a reply holds what its tree holds, its members in
