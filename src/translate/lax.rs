@@ -286,9 +286,9 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Both<'a, T> {
     }
 }
 
-/// A field read once for both its text and its typed reading: the typed read checks every
-/// byte of the value, so its text is the value's span, with no second walk (as [`Both`] makes
-/// for a `RawValue`, which only serde can make).
+/// A field read once for both its text and its typed reading. A hand reader checks every byte
+/// of what it reads, so the text is the span it read: no second walk, as [`Both`] needs for the
+/// `RawValue` only serde can make (serde's read of it is [`Both`]'s).
 #[derive(Debug, Default)]
 pub struct Spanned<'a, T> {
     pub text: Option<&'a str>,
