@@ -11,6 +11,18 @@ messages_body='{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","me
 # The same question as an OpenAI Responses request (translated to the chat upstream).
 responses_body='{"model":"mock-gpt","max_output_tokens":64,"instructions":"You are terse.","input":"Say hello in five words."}'
 
+# The same question after a conversation of 40 turns, each an easy-form message without an id,
+# as an agent sends its whole history on every turn (about 9 KB).
+history_body() {
+    local turns='' i role
+    for i in $(seq 40); do
+        role=user
+        [ $((i % 2)) -eq 0 ] && role=assistant
+        turns+="{\"role\":\"$role\",\"content\":\"Turn $i of a long conversation: what was said, what was asked, and what the model answered, at about the length of a short paragraph of text.\"},"
+    done
+    printf '%s' "{\"model\":\"mock-gpt\",\"max_output_tokens\":64,\"instructions\":\"You are terse.\",\"input\":[${turns}{\"role\":\"user\",\"content\":\"Say hello in five words.\"}]}"
+}
+
 # A body with "stream":true added as its last member.
 streamed() { printf '%s' "${1%\}},\"stream\":true}"; }
 
@@ -30,8 +42,9 @@ gateway_config() {
 }
 
 # Sets body and path to the request of kind $1: json (the default), stream, messages,
-# messages-stream, responses, responses-stream, or claude and claude-stream (the chat request
-# for the mock's messages upstream, its reply translated back to chat).
+# messages-stream, responses, responses-stream, responses-history (a Responses request with a
+# 40-turn history), or claude and claude-stream (the chat request for the mock's messages
+# upstream, its reply translated back to chat).
 request_of() {
     body=$chat_body path=/v1/chat/completions
     case ${1:-json} in
@@ -42,6 +55,7 @@ request_of() {
         messages) body=$messages_body path=/v1/messages ;;
         messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
         responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;
+        responses-history) body=$(history_body) path=/v1/responses ;;
     esac
 }
 

@@ -3,7 +3,7 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses-stream|claude] [N]
+#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses|responses-stream|responses-history|claude|claude-stream] [N]
 # (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream;
 # messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's;
 # responses-stream: the same question as a streamed Responses request, translated likewise;

@@ -370,31 +370,115 @@ fn user_message(text: String) -> Value {
     json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
 
-/// The input items to keep for a translated response: the (expanded) request's `input`, each
-/// given an id when it has none so `input_items` can page through them.
-fn input_items(body: &[u8]) -> Vec<Value> {
-    let input = RawObject::parse(body)
-        .ok()
-        .and_then(|o| o.get_present("input").map(|r| r.get().to_owned()));
-    let mut items = match input.as_deref().map(serde_json::from_str::<Value>) {
-        Some(Ok(Value::String(s))) => vec![user_message(s)],
-        Some(Ok(Value::Array(a))) => a,
-        _ => Vec::new(),
+/// Gives an input item an id when it has none, so `input_items` can page through it, and an
+/// easy-form message its type, so it reads back in the full form OpenAI lists.
+fn complete_item(item: &mut Value) {
+    if let Some(obj) = item.as_object_mut() {
+        if !obj.get("id").is_some_and(Value::is_string) {
+            let id = mint_item_id(obj.get("type").and_then(Value::as_str));
+            obj.insert("id".to_owned(), Value::String(id));
+        }
+        obj.entry("type").or_insert_with(|| Value::from("message"));
+    }
+}
+
+/// A new id for an item of type `kind`.
+fn mint_item_id(kind: Option<&str>) -> String {
+    let prefix = match kind {
+        None | Some("message") => "msg_",
+        Some(_) => "item_",
     };
-    for item in &mut items {
-        if let Some(obj) = item.as_object_mut() {
-            if !obj.get("id").is_some_and(Value::is_string) {
-                let prefix = match obj.get("type").and_then(Value::as_str) {
-                    None | Some("message") => "msg_",
-                    Some(_) => "item_",
-                };
-                obj.insert("id".to_owned(), Value::String(crate::ir::mint_id(prefix)));
+    crate::ir::mint_id(prefix)
+}
+
+lax_struct! {
+    /// What keeping a translated answer reads of its request: its input items, each as its
+    /// text and the two members completing it may add.
+    struct StoredInput<'a> {
+        input: Loose<'a, Spanned<'a, ItemHead<'a>>>,
+    }
+}
+
+lax_struct! {
+    struct ItemHead<'a> {
+        id: Loose<'a>,
+        kind = "type": Loose<'a>,
+    }
+}
+
+/// The input items to keep for a translated response, as the text of a JSON array: the
+/// (expanded) request's `input`, each item completed ([`complete_item`]); and the ids of the
+/// items from `own_from` on. An item is kept as the client wrote it, a missing id or type
+/// written in front of its members: an agent sends its whole history on every turn, which
+/// would otherwise be made a tree and written out again each time. Only an item whose `id` is
+/// there but not a string (which completing replaces) goes through a tree.
+fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
+    let input = lax::parse::<StoredInput<'_>>(body).map(|b| b.input);
+    let items = match input {
+        Ok(Loose::Arr(items)) => items,
+        Ok(Loose::Str(text)) => {
+            let mut item = user_message(text.into_owned());
+            complete_item(&mut item);
+            let ids = item.get("id").and_then(Value::as_str).map(str::to_owned);
+            let ids = ids.into_iter().filter(|_| own_from == 0).collect();
+            return (json!([item]).to_string(), ids);
+        }
+        _ => return ("[]".to_owned(), Vec::new()),
+    };
+    let mut text = String::with_capacity(body.len());
+    let mut ids = Vec::new();
+    text.push('[');
+    for (i, item) in items.iter().enumerate() {
+        let Some(raw) = item.text else { continue };
+        if text.len() > 1 {
+            text.push(',');
+        }
+        let head = &item.typed;
+        let id = match (&head.id, raw.strip_prefix('{')) {
+            // Not an object: kept as it is, with no id.
+            (_, None) => {
+                text.push_str(raw);
+                None
             }
-            // An easy-form message reads back in the full form OpenAI lists.
-            obj.entry("type").or_insert_with(|| Value::from("message"));
+            (Loose::Str(id), Some(_)) if !matches!(head.kind, Loose::Absent) => {
+                text.push_str(raw);
+                Some(id.to_string())
+            }
+            (Loose::Str(_) | Loose::Absent, Some(members)) => {
+                text.push('{');
+                let id = match &head.id {
+                    Loose::Str(id) => id.to_string(),
+                    _ => {
+                        // A minted id is letters, digits and `_`: nothing to escape.
+                        let id = mint_item_id(head.kind.as_str());
+                        text.push_str("\"id\":\"");
+                        text.push_str(&id);
+                        text.push_str("\",");
+                        id
+                    }
+                };
+                if matches!(head.kind, Loose::Absent) {
+                    text.push_str("\"type\":\"message\",");
+                }
+                if members.trim_start().starts_with('}') {
+                    text.pop();
+                }
+                text.push_str(members);
+                Some(id)
+            }
+            (_, Some(_)) => {
+                let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
+                complete_item(&mut tree);
+                text.push_str(&tree.to_string());
+                tree.get("id").and_then(Value::as_str).map(str::to_owned)
+            }
+        };
+        if i >= own_from {
+            ids.extend(id);
         }
     }
-    items
+    text.push(']');
+    (text, ids)
 }
 
 /// How the answer to a responses request was produced.
@@ -453,19 +537,11 @@ impl Job {
                     .await
             }
             Served::Kept => {
-                let input = input_items(&self.body);
-                let mut items: Vec<String> = input
-                    .iter()
-                    .skip(self.own_from)
-                    .filter_map(|i| i.get("id").and_then(Value::as_str))
-                    .chain(answer.output.iter().map(String::as_str))
-                    .map(str::to_owned)
-                    .collect();
+                let (input, mut items) = input_items(&self.body, self.own_from);
+                items.extend(answer.output.iter().cloned());
                 items.dedup();
-                match translated_text(&answer.text, &input) {
-                    Ok(text) => self.store.put_text(&self.key, id, text, &items).await,
-                    Err(e) => Err(StoreError(format!("a response could not be written: {e}"))),
-                }
+                let text = translated_text(&answer.text, &input);
+                self.store.put_text(&self.key, id, text, &items).await
             }
         };
         if let Err(e) = stored {
@@ -639,16 +715,16 @@ lax_struct! {
 }
 
 /// The stored text of a translated response: the text `Record::Translated` serialises to,
-/// written around the response's own text rather than a tree of it; read back as any record.
-fn translated_text(response: &str, input: &[Value]) -> serde_json::Result<String> {
-    let input = serde_json::to_string(input)?;
+/// written around the response's and its input's own text rather than trees of them; read back
+/// as any record.
+fn translated_text(response: &str, input: &str) -> String {
     let mut text = String::with_capacity(response.len() + input.len() + 48);
     text.push_str(r#"{"kind":"translated","response":"#);
     text.push_str(response);
     text.push_str(r#","input":"#);
-    text.push_str(&input);
+    text.push_str(input);
     text.push('}');
-    Ok(text)
+    text
 }
 
 impl HttpBody for Tap {
@@ -815,7 +891,7 @@ mod tests {
     fn a_translated_record_written_as_text_reads_back_as_the_record() {
         let response = r#"{"id":"resp_1", "output":[{"id":"msg_2","type":"message"},{"type":"x"},{"id":"fc_3"}],"status":"completed"}"#;
         let input = vec![json!({"id": "msg_1", "role": "user", "content": "hi"})];
-        let text = translated_text(response, &input).unwrap();
+        let text = translated_text(response, &serde_json::to_string(&input).unwrap());
         let read: Record = serde_json::from_str(&text).unwrap();
         let by_serde = Record::Translated {
             response: serde_json::from_str(response).unwrap(),
@@ -829,6 +905,79 @@ mod tests {
         let answer = Answer::read(response).unwrap();
         assert_eq!(answer.id.as_deref(), Some("resp_1"));
         assert_eq!(answer.output, ["msg_2", "fc_3"]);
+    }
+
+    /// The input items as the tree reading kept them, the reference for `input_items`.
+    fn input_items_by_tree(body: &[u8]) -> Vec<Value> {
+        let input = RawObject::parse(body)
+            .ok()
+            .and_then(|o| o.get_present("input").map(|r| r.get().to_owned()));
+        let mut items = match input.as_deref().map(serde_json::from_str::<Value>) {
+            Some(Ok(Value::String(s))) => vec![user_message(s)],
+            Some(Ok(Value::Array(a))) => a,
+            _ => Vec::new(),
+        };
+        items.iter_mut().for_each(complete_item);
+        items
+    }
+
+    /// A minted id's prefix, or the id itself when it was the client's.
+    fn id_kind(item: &Value, client: &[&str]) -> Option<String> {
+        let id = item.get("id")?.as_str()?;
+        if client.contains(&id) {
+            return Some(id.to_owned());
+        }
+        let prefix = ["msg_", "item_"].into_iter().find(|p| id.starts_with(p))?;
+        let minted = &id[prefix.len()..];
+        (minted.len() == 24 && minted.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| format!("{prefix}…"))
+    }
+
+    /// Kept as the client wrote them, with only a missing id or type written in, the input
+    /// items read back as the tree made them, minted ids aside; the ids listed are those of
+    /// the items from `own_from` on.
+    #[test]
+    fn input_items_kept_as_written_read_back_as_the_trees() {
+        let bodies = [
+            r#"{"input":"hi"}"#,
+            r#"{"model":"m","input":[{"role":"user","content":"hi"}],"store":true}"#,
+            r#"{"input":[{"type":"message","id":"msg_1","role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"function_call_output","call_id":"c","output":"x"},{"type":"reasoning","id":5},{"id":null},{},{ },"text",3,null,[1],{"t\u0079pe":"x"},{"\u0069d":"esc"},{"id":"a","id":7},{"id":7,"id":"b"},{"type":null},{"type":"function_call","id":"fc_1"}]}"#,
+            r#"{"input":[ {  "role" : "user" , "content":"x" } , {"id":"x" ,"type":"message"} , { "type" : "item_reference" } ]}"#,
+            r#"{"input":null}"#,
+            r#"{}"#,
+            r#"{"input":{"a":1}}"#,
+            r#"{"input":[]}"#,
+            r#"{"input":"\u00e9t\u00e9"}"#,
+        ];
+        let client = ["msg_1", "esc", "b", "x", "fc_1"];
+        for body in bodies {
+            let tree = input_items_by_tree(body.as_bytes());
+            for own_from in [0, 1, 3] {
+                let (text, ids) = input_items(body.as_bytes(), own_from);
+                let kept: Vec<Value> = serde_json::from_str(&text).unwrap();
+                assert_eq!(kept.len(), tree.len(), "{body}");
+                for (a, b) in kept.iter().zip(&tree) {
+                    let (mut a, mut b) = (a.clone(), b.clone());
+                    assert_eq!(
+                        id_kind(&a, &client),
+                        id_kind(&b, &client),
+                        "{body}: {a} / {b}"
+                    );
+                    for v in [&mut a, &mut b] {
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("id");
+                        }
+                    }
+                    assert_eq!(a, b, "{body}");
+                }
+                let listed: Vec<&str> = kept
+                    .iter()
+                    .skip(own_from)
+                    .filter_map(|i| i.get("id").and_then(Value::as_str))
+                    .collect();
+                assert_eq!(ids, listed, "{body} from {own_from}");
+            }
+        }
     }
 
     /// What the watch found in one frame, as text to compare.
