@@ -421,7 +421,10 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
             complete_item(&mut item);
             let ids = item.get("id").and_then(Value::as_str).map(str::to_owned);
             let ids = ids.into_iter().filter(|_| own_from == 0).collect();
-            return (json!([item]).to_string(), ids);
+            // Written into bytes: `Value`'s `to_string` goes through the formatter, slower. A
+            // `Value` always serialises; the fallback is never taken.
+            let text = serde_json::to_string(&[item]).unwrap_or_else(|_| "[]".to_owned());
+            return (text, ids);
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
@@ -469,7 +472,8 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
             (_, Some(_)) => {
                 let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
                 complete_item(&mut tree);
-                text.push_str(&tree.to_string());
+                let written = serde_json::to_string(&tree).unwrap_or_else(|_| "null".to_owned());
+                text.push_str(&written);
                 tree.get("id").and_then(Value::as_str).map(str::to_owned)
             }
         };
