@@ -89,7 +89,7 @@ def main(path):
         ("upstream, send to answer", waited),
         ("wake to read, reused", wake),
     ]
-    print(f"{'µs':<28} {'n':>5} {'p25':>6} {'p50':>6} {'p75':>6} {'mean':>6}")
+    print(f"{'µs':<28} {'n':>5} {'p25':>6} {'p50':>6} {'p75':>6} {'mean':>6} {'p99':>7} {'max':>7}")
     for label, xs in rows:
         if not xs:
             print(f"{label:<28} {0:>5}")
@@ -98,7 +98,7 @@ def main(path):
         n = len(xs)
         print(
             f"{label:<28} {n:>5} {xs[n // 4]:>6.1f} {xs[n // 2]:>6.1f} "
-            f"{xs[3 * n // 4]:>6.1f} {sum(xs) / n:>6.1f}"
+            f"{xs[3 * n // 4]:>6.1f} {sum(xs) / n:>6.1f} {xs[99 * n // 100]:>7.1f} {xs[-1]:>7.1f}"
         )
 
 

@@ -45,7 +45,7 @@ for round in $(seq "$rounds"); do
         perf_pid=$!
         sleep 0.3
         p50=$(load -z "${secs}s" -q "$rate" --latency-correction --output-format json \
-            | python3 -c "import json,sys; print(round(json.load(sys.stdin)['latencyPercentiles']['p50']*1000, 3))")
+            | python3 -c "import json,sys; p=json.load(sys.stdin)['latencyPercentiles']; print(round(p['p50']*1000, 3), 'ms, p99', round(p['p99']*1000, 3))")
         wait "$perf_pid" || true
         perf script -i "$work/perf.data" -F tid,time,event,trace > "$work/perf.txt" 2> /dev/null
         echo "== round $round, $name, $kind at $rate/s: client p50 $p50 ms"

@@ -661,6 +661,36 @@ pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// Writes `v` byte for byte as serde_json's compact writer writes it (an object's members in
+/// its map's order), its strings through [`write_json_str`], which passes text with nothing to
+/// escape eight bytes at a time where serde's writer looks up every byte.
+pub fn write_value(out: &mut Vec<u8>, v: &serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        // serde_json's own number writer; writing into a `Vec` cannot fail.
+        Value::Number(n) => {
+            let _ = serde_json::to_writer(&mut *out, n);
+        }
+        Value::String(s) => write_json_str(out, s),
+        Value::Array(items) => write::array(out, items, |x, out| write_value(out, x)),
+        Value::Object(members) => {
+            out.push(b'{');
+            for (i, (key, x)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_str(out, key);
+                out.push(b':');
+                write_value(out, x);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
 /// True when `s` has no quote, backslash or control character: JSON text as it is. Checked
 /// eight bytes at a time, where serde_json looks up each byte in a table.
 fn needs_no_escape(s: &[u8]) -> bool {
@@ -787,6 +817,44 @@ pub fn as_object(raw: Raw<'_>) -> Result<RawObject<'_>, Expected> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_written_as_serde_writes_them() {
+        let texts = [
+            "",
+            "plain",
+            "quote \" backslash \\ slash / newline \n tab \t \u{1} \u{7f}",
+            "é日本😀 past ASCII",
+            "a longer text, past eight bytes, with nothing to escape in it at all",
+        ];
+        let mut values = vec![
+            serde_json::json!(null),
+            serde_json::json!(true),
+            serde_json::json!(false),
+            serde_json::json!(0),
+            serde_json::json!(-17),
+            serde_json::json!(u64::MAX),
+            serde_json::json!(i64::MIN),
+            serde_json::json!(2.5),
+            serde_json::json!(1e300),
+            serde_json::json!(-0.0),
+            serde_json::json!([]),
+            serde_json::json!({}),
+        ];
+        for t in texts {
+            values.push(serde_json::json!(t));
+            values.push(serde_json::json!({ t: t, "z": [t, 1, null, {"k": t}], "a": {} }));
+        }
+        values.push(serde_json::Value::Array(values.clone()));
+        for v in &values {
+            let mut got = Vec::new();
+            write_value(&mut got, v);
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                serde_json::to_string(v).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn strings_are_written_as_serde_writes_them() {

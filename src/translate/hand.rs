@@ -29,6 +29,22 @@ pub trait Hand<'a>: Sized {
     fn read_map(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
         Self::read(text, at, open)
     }
+
+    /// Reads the value at `at` over `slot`, as [`Hand::read`] finds it. A struct's reader
+    /// fills the struct where it lies: a member read into its parent, or an element into its
+    /// array, is not moved there afterwards (a chat chunk's choice is 200 bytes, moved twice).
+    fn read_into(slot: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
+        let (value, end) = Self::read(text, at, open)?;
+        *slot = value;
+        Some(end)
+    }
+
+    /// Reads the value at `at` as a new last element of `items`.
+    fn read_push(items: &mut Vec<Self>, text: &'a str, at: usize, open: usize) -> Option<usize> {
+        let (value, end) = Self::read(text, at, open)?;
+        items.push(value);
+        Some(end)
+    }
 }
 
 /// The object `text` holds (and nothing but space around it), read by hand; `None` for any
@@ -41,6 +57,15 @@ pub fn object<'a, T: Hand<'a>>(text: &'a str) -> Option<T> {
     }
     let (value, end) = T::read(text, at, 0)?;
     (space(b, end) == b.len()).then_some(value)
+}
+
+/// [`object`] read over `slot`, which holds the default: true when it was read (`slot` then
+/// holds it), false when the reader is unsure (`slot` then holds what it got to).
+pub fn object_into<'a, T: Hand<'a>>(slot: &mut T, text: &'a str) -> bool {
+    let b = text.as_bytes();
+    let at = space(b, 0);
+    b.get(at) == Some(&b'{')
+        && T::read_into(slot, text, at, 0).is_some_and(|end| space(b, end) == b.len())
 }
 
 impl<'a> Hand<'a> for IgnoredAny {
@@ -127,11 +152,7 @@ impl<'a, A: Hand<'a>, O: Hand<'a>> Hand<'a> for Loose<'a, A, O> {
                     return None;
                 }
                 let mut items = Vec::new();
-                let end = array(b, at, |at| {
-                    let (item, end) = A::read(text, at, open + 1)?;
-                    items.push(item);
-                    Some(end)
-                })?;
+                let end = array(b, at, |at| A::read_push(&mut items, text, at, open + 1))?;
                 Some((Loose::Arr(items), end))
             }
             _ => {
@@ -216,28 +237,28 @@ impl<'a, T: Hand<'a>> Hand<'a> for Spanned<'a, T> {
     }
 }
 
-/// Reads the value at `at` as a `lax_struct!` reads it: an object by `member`, given each key
-/// and where its value starts, answering where the value ends; any other value as the
-/// default, once checked as serde reads it.
-pub fn lax<'a, T: Default>(
+/// Reads the value at `at` over `out` as a `lax_struct!` reads it: an object by `member`,
+/// given each key and where its value starts, answering where the value ends; any other value
+/// leaves `out` as it is, once checked as serde reads it. `out` holds the default (what a
+/// repeated key's earlier value left is the caller's to clear).
+pub fn lax_fill<'a, T>(
+    out: &mut T,
     text: &'a str,
     at: usize,
     open: usize,
     mut member: impl FnMut(&mut T, &[u8], usize) -> Option<usize>,
-) -> Option<(T, usize)> {
+) -> Option<usize> {
     let b = text.as_bytes();
-    let mut out = T::default();
-    let end = if b.get(at) == Some(&b'{') {
+    if b.get(at) == Some(&b'{') {
         if open >= walk::DEEPEST {
             return None;
         }
-        walk::object::<true>(b, at, |key, at| member(&mut out, key, at))?
+        walk::object::<true>(b, at, |key, at| member(out, key, at))
     } else {
         // A scalar is read whole (and fails where a `Loose` would); an array's elements are
         // skipped.
-        <Loose<'a>>::read(text, at, open)?.1
-    };
-    Some((out, end))
+        Some(<Loose<'a>>::read(text, at, open)?.1)
+    }
 }
 
 /// What the tests of each hand-read type share: the comparison with serde, one-byte edits,

@@ -408,14 +408,37 @@ macro_rules! lax_struct {
 
         impl<'a> $crate::translate::hand::Hand<'a> for $name<'a> {
             fn read(text: &'a str, at: usize, open: usize) -> Option<(Self, usize)> {
-                $crate::translate::hand::lax(text, at, open, |out: &mut Self, key, at| {
+                let mut out = Self::default();
+                let end = Self::fill(&mut out, text, at, open)?;
+                Some((out, end))
+            }
+
+            fn read_into(slot: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
+                // A repeated key's value replaces the earlier one whole, as serde's read does.
+                *slot = Self::default();
+                Self::fill(slot, text, at, open)
+            }
+
+            fn read_push(items: &mut Vec<Self>, text: &'a str, at: usize, open: usize) -> Option<usize> {
+                items.push(Self::default());
+                let slot = items.last_mut()?;
+                Self::fill(slot, text, at, open)
+            }
+        }
+
+        impl<'a> $name<'a> {
+            /// The members of the value at `at` read into `out`, which holds the default.
+            fn fill(out: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
+                $crate::translate::hand::lax_fill(out, text, at, open, |out: &mut Self, key, at| {
                     // Each member assigned as it comes leaves the last of a repeated key, as
                     // serde's read does.
                     $(if key == lax_struct!(@key $field $($key)?).as_bytes() {
-                        let (value, end) =
-                            $crate::translate::hand::Hand::read(text, at, open + 1)?;
-                        out.$field = value;
-                        return Some(end);
+                        return $crate::translate::hand::Hand::read_into(
+                            &mut out.$field,
+                            text,
+                            at,
+                            open + 1,
+                        );
                     })*
                     $crate::json::walk::skip::<true>(text.as_bytes(), at, open + 1)
                 })

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::common::*;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
+use crate::json::write::Object;
 use crate::sse;
 use crate::translate::tools::{self, ClientTool, ToolMap};
 
@@ -289,6 +290,76 @@ struct FormatOut {
     kind: &'static str,
 }
 
+impl Echoed<'_> {
+    /// Its bytes as [`Serialize`] writes them.
+    fn write(&self, out: &mut Vec<u8>) {
+        let text: &[u8] = match (self.0, self.1) {
+            (Some(raw), _) => raw.get().as_bytes(),
+            (None, Absent::Null) => b"null",
+            (None, Absent::True) => b"true",
+            (None, Absent::Auto) => b"\"auto\"",
+            (None, Absent::NoTools) => b"[]",
+        };
+        out.extend_from_slice(text);
+    }
+}
+
+impl ResponseOut<'_> {
+    /// The object's bytes, as serde writes it: written by hand, the output items through
+    /// [`json::write_value`] (serde's writer looks up every byte of their text, a stream's
+    /// answer written three times over).
+    ///
+    /// [`json::write_value`]: crate::json::write_value
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1024);
+        let mut o = Object::open(&mut out);
+        o.str("id", self.id);
+        o.str("object", self.object);
+        o.some_u64("created_at", Some(self.created_at));
+        o.str("status", self.status);
+        o.key("error").extend_from_slice(b"null");
+        match &self.incomplete_details {
+            Some(d) => {
+                let mut i = Object::open(o.key("incomplete_details"));
+                i.str("reason", d.reason);
+                i.close();
+            }
+            None => o.key("incomplete_details").extend_from_slice(b"null"),
+        }
+        self.instructions.write(o.key("instructions"));
+        self.max_output_tokens.write(o.key("max_output_tokens"));
+        o.str("model", self.model);
+        crate::json::write::array(o.key("output"), self.output, |x, out| {
+            crate::json::write_value(out, x);
+        });
+        self.parallel_tool_calls.write(o.key("parallel_tool_calls"));
+        self.previous_response_id
+            .write(o.key("previous_response_id"));
+        let mut r = Object::open(o.key("reasoning"));
+        self.reasoning.effort.write(r.key("effort"));
+        self.reasoning.summary.write(r.key("summary"));
+        r.close();
+        self.store.write(o.key("store"));
+        self.temperature.write(o.key("temperature"));
+        o.key("text")
+            .extend_from_slice(b"{\"format\":{\"type\":\"text\"}}");
+        self.tool_choice.write(o.key("tool_choice"));
+        self.tools.write(o.key("tools"));
+        self.top_p.write(o.key("top_p"));
+        o.str("truncation", self.truncation);
+        match &self.usage {
+            // Counts only: serde's writer has no string of it to look up.
+            Some(u) => {
+                let _ = serde_json::to_writer(&mut *o.key("usage"), u);
+            }
+            None => o.key("usage").extend_from_slice(b"null"),
+        }
+        o.key("metadata").extend_from_slice(b"{}");
+        o.close();
+        out
+    }
+}
+
 impl<'a> ResponseOut<'a> {
     fn new(
         Head(id, created, model): Head<'a>,
@@ -511,7 +582,7 @@ pub fn response_bytes(
     client_tools: &ToolMap,
 ) -> Vec<u8> {
     let p = reply_parts(r, echo, client_tools);
-    serde_json::to_vec(&p.response(r, client_model, echo)).unwrap_or_default()
+    p.response(r, client_model, echo).to_bytes()
 }
 
 // === errors ===
@@ -613,6 +684,24 @@ mod tests {
                 let p = reply_parts(&r, echo, &ToolMap::default());
                 let out = p.response(&r, "client-model", echo);
                 let bytes = String::from_utf8(serde_json::to_vec(&out).unwrap()).unwrap();
+                // Written by hand, serde's bytes; and so for a stream's objects, before the
+                // answer (no output, no usage) and after it in each status.
+                assert_eq!(String::from_utf8(out.to_bytes()).unwrap(), bytes);
+                for status in ["in_progress", "completed", "incomplete", "failed"] {
+                    let done = status != "in_progress";
+                    let streamed = ResponseOut::new(
+                        Head("resp_\"x\"", 7, "client \u{1}model"),
+                        status,
+                        if done { &p.output } else { &[] },
+                        done.then_some(&r.finish),
+                        done.then_some(&r.usage),
+                        echo,
+                    );
+                    assert_eq!(
+                        String::from_utf8(streamed.to_bytes()).unwrap(),
+                        serde_json::to_string(&streamed).unwrap()
+                    );
+                }
                 let tree = serde_json::to_value(&out).unwrap();
                 assert_eq!(serde_json::from_str::<Value>(&bytes).unwrap(), tree);
                 let first = ["\"id\":", "\"object\":", "\"created_at\":", "\"status\":"];

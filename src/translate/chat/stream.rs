@@ -62,14 +62,18 @@ impl StreamDecoder {
             out.push(Event::End);
             return;
         }
-        let chunk = hand::object::<Chunk<'_>>(data)
-            .or_else(|| serde_json::from_str::<Chunk<'_>>(data).ok());
-        match chunk {
-            // An error chunk is rare, and read whole for everything it says.
-            Some(chunk) if chunk.error.0.is_none_or(|e| e == "null") => {
-                self.decode_chunk(&chunk, out);
-            }
-            _ => self.decode_value(data, out),
+        // Read where it lies: a chunk is 150 bytes, moved at each step of an `Option` chain.
+        let mut chunk = Chunk::default();
+        let read = hand::object_into(&mut chunk, data)
+            || serde_json::from_str::<Chunk<'_>>(data).is_ok_and(|c| {
+                chunk = c;
+                true
+            });
+        // An error chunk is rare, and read whole for everything it says.
+        if read && chunk.error.0.is_none_or(|e| e == "null") {
+            self.decode_chunk(&chunk, out);
+        } else {
+            self.decode_value(data, out);
         }
     }
 

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::*;
+use crate::json::write::Object;
 use crate::translate::lax;
 
 // === streams: messages upstream events → IR ===
@@ -226,8 +227,8 @@ enum DeltaOut<'a> {
 
 /// `content_block_start`'s block: empty, its content following in deltas (or whole, when
 /// redacted).
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(test, derive(Serialize))]
+#[cfg_attr(test, serde(tag = "type", rename_all = "snake_case"))]
 enum BlockOut<'a> {
     Thinking {
         thinking: &'static str,
@@ -242,13 +243,20 @@ enum BlockOut<'a> {
     ToolUse {
         id: &'a str,
         name: &'a str,
+        #[cfg_attr(
+            not(test),
+            expect(
+                dead_code,
+                reason = "a constant the writer writes; serde's reference reads it"
+            )
+        )]
         input: EmptyObject,
     },
 }
 
 /// A stream's events other than the deltas: few per stream, written without a `Value` tree.
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(test, derive(Serialize))]
+#[cfg_attr(test, serde(tag = "type", rename_all = "snake_case"))]
 enum FrameOut<'a> {
     MessageStart {
         message: StartOut<'a>,
@@ -278,38 +286,154 @@ impl FrameOut<'_> {
         }
     }
 
+    /// Written by hand, byte for byte as serde writes the enum (its tag first) into an event
+    /// named by it: serde's writer escaped each of the ten strings of a `message_start`
+    /// through its own table.
     fn write(&self, out: &mut Vec<u8>) {
-        sse::write_json_event(out, Some(self.name()), self);
+        let name = self.name();
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        let mut o = Object::open(out);
+        o.str("type", name);
+        match self {
+            Self::MessageStart { message } => message.write(o.key("message")),
+            Self::ContentBlockStart {
+                index,
+                content_block,
+            } => {
+                o.some_u64("index", Some(*index));
+                content_block.write(o.key("content_block"));
+            }
+            Self::ContentBlockStop { index } => o.some_u64("index", Some(*index)),
+            Self::MessageDelta { delta, usage } => {
+                let mut d = Object::open(o.key("delta"));
+                d.str("stop_reason", delta.stop_reason);
+                d.str_or_null("stop_sequence", delta.stop_sequence);
+                d.close();
+                usage.write(o.key("usage"));
+            }
+            Self::MessageStop => {}
+        }
+        o.close();
+        out.extend_from_slice(b"\n\n");
+    }
+}
+
+impl BlockOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        match self {
+            Self::Thinking {
+                thinking,
+                signature,
+            } => {
+                o.str("type", "thinking");
+                o.str("thinking", thinking);
+                o.str("signature", signature);
+            }
+            Self::RedactedThinking { data } => {
+                o.str("type", "redacted_thinking");
+                o.str("data", data);
+            }
+            Self::Text { text } => {
+                o.str("type", "text");
+                o.str("text", text);
+            }
+            Self::ToolUse { id, name, input: _ } => {
+                o.str("type", "tool_use");
+                o.str("id", id);
+                o.str("name", name);
+                o.key("input").extend_from_slice(b"{}");
+            }
+        }
+        o.close();
+    }
+}
+
+impl StartOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.str("id", self.id);
+        o.str("type", self.kind);
+        o.str("role", self.role);
+        o.str("model", self.model);
+        o.key("content").extend_from_slice(b"[]");
+        o.key("stop_reason").extend_from_slice(b"null");
+        o.key("stop_sequence").extend_from_slice(b"null");
+        let mut u = Object::open(o.key("usage"));
+        u.some_u64("input_tokens", Some(self.usage.input_tokens));
+        u.some_u64("output_tokens", Some(self.usage.output_tokens));
+        u.close();
+        o.close();
+    }
+}
+
+impl UsageOut {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.some_u64("input_tokens", Some(self.input_tokens));
+        o.some_u64("output_tokens", Some(self.output_tokens));
+        o.some_u64(
+            "cache_creation_input_tokens",
+            Some(self.cache_creation_input_tokens),
+        );
+        o.some_u64(
+            "cache_read_input_tokens",
+            Some(self.cache_read_input_tokens),
+        );
+        o.close();
     }
 }
 
 /// `message_start`'s message: nothing generated yet.
-#[derive(Serialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct StartOut<'a> {
     id: &'a str,
-    #[serde(rename = "type")]
+    #[cfg_attr(test, serde(rename = "type"))]
     kind: &'static str,
     role: &'static str,
     model: &'a str,
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "a constant the writer writes; serde's reference reads it"
+        )
+    )]
     content: [(); 0],
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "a constant the writer writes; serde's reference reads it"
+        )
+    )]
     stop_reason: Option<()>,
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "a constant the writer writes; serde's reference reads it"
+        )
+    )]
     stop_sequence: Option<()>,
     usage: StartUsageOut,
 }
 
-#[derive(Serialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct StartUsageOut {
     input_tokens: u64,
     output_tokens: u64,
 }
 
-#[derive(Serialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct StopOut<'a> {
     stop_reason: &'static str,
     stop_sequence: Option<&'a str>,
 }
 
-#[derive(Serialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct UsageOut {
     input_tokens: u64,
     output_tokens: u64,
@@ -758,6 +882,79 @@ mod tests {
             compared += hand::check::one_byte_edits(&events, check);
         }
         assert!(compared > 5_000, "only {compared} edits compared");
+    }
+
+    #[test]
+    fn frames_written_by_hand_are_serdes_bytes() {
+        let counts = [0, 7, 12_345, u64::MAX];
+        for text in AWKWARD_TEXTS {
+            let mut frames = vec![
+                FrameOut::MessageStart {
+                    message: StartOut {
+                        id: text,
+                        kind: "message",
+                        role: "assistant",
+                        model: text,
+                        content: [],
+                        stop_reason: None,
+                        stop_sequence: None,
+                        usage: StartUsageOut {
+                            input_tokens: 3,
+                            output_tokens: u64::MAX,
+                        },
+                    },
+                },
+                FrameOut::ContentBlockStart {
+                    index: 2,
+                    content_block: BlockOut::RedactedThinking { data: text },
+                },
+                FrameOut::ContentBlockStart {
+                    index: 0,
+                    content_block: BlockOut::ToolUse {
+                        id: text,
+                        name: text,
+                        input: EmptyObject {},
+                    },
+                },
+                FrameOut::ContentBlockStart {
+                    index: 1,
+                    content_block: BlockOut::Thinking {
+                        thinking: "",
+                        signature: "",
+                    },
+                },
+                FrameOut::ContentBlockStart {
+                    index: 9,
+                    content_block: BlockOut::Text { text: "" },
+                },
+                FrameOut::ContentBlockStop { index: 12_345 },
+                FrameOut::MessageStop,
+            ];
+            for (i, n) in counts.into_iter().enumerate() {
+                frames.push(FrameOut::MessageDelta {
+                    delta: StopOut {
+                        stop_reason: "end_turn",
+                        stop_sequence: (i % 2 == 0).then_some(text),
+                    },
+                    usage: UsageOut {
+                        input_tokens: n,
+                        output_tokens: counts[(i + 1) % 4],
+                        cache_creation_input_tokens: counts[(i + 2) % 4],
+                        cache_read_input_tokens: counts[(i + 3) % 4],
+                    },
+                });
+            }
+            for frame in &frames {
+                let mut want = Vec::new();
+                sse::write_json_event(&mut want, Some(frame.name()), frame);
+                let mut got = Vec::new();
+                frame.write(&mut got);
+                assert_eq!(
+                    String::from_utf8(got).unwrap(),
+                    String::from_utf8(want).unwrap()
+                );
+            }
+        }
     }
 
     #[test]

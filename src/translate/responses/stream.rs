@@ -455,6 +455,20 @@ impl StreamEncoder {
         });
     }
 
+    /// `response.output_item.done`: [`ItemEvent`]'s bytes, the item's text written by hand
+    /// ([`json::write_value`]) rather than through serde's writer, which looks up every byte.
+    ///
+    /// [`json::write_value`]: crate::json::write_value
+    fn emit_item_done(&mut self, out: &mut Vec<u8>, item: &Value, output_index: usize) {
+        self.emit_with(out, "response.output_item.done", |o| {
+            o.extend_from_slice(b"{\"item\":");
+            crate::json::write_value(o, item);
+            o.extend_from_slice(b",\"output_index\":");
+            o.extend_from_slice(itoa::Buffer::new().format(output_index).as_bytes());
+            o.push(b'}');
+        });
+    }
+
     /// The event `kind`: `payload` writes a JSON object, whose members follow `type` and
     /// `sequence_number`.
     fn emit_with(&mut self, out: &mut Vec<u8>, kind: &str, payload: impl FnOnce(&mut Vec<u8>)) {
@@ -495,7 +509,7 @@ impl StreamEncoder {
         if !self.started {
             self.started = true;
             // The same object twice: written once.
-            let r = serde_json::to_vec(&self.response("in_progress")).unwrap_or_default();
+            let r = self.response("in_progress").to_bytes();
             self.emit_response(out, "response.created", &r);
             self.emit_response(out, "response.in_progress", &r);
         }
@@ -605,14 +619,7 @@ impl StreamEncoder {
                 item
             }
         };
-        self.emit(
-            out,
-            "response.output_item.done",
-            &ItemEvent {
-                item: &done,
-                output_index,
-            },
-        );
+        self.emit_item_done(out, &done, output_index);
         self.output.push(done);
     }
 
@@ -816,7 +823,7 @@ impl StreamEncoder {
                 let f = self.finish.clone().unwrap_or_default();
                 let status = status_of(&f);
                 self.close_as(out, status);
-                let r = serde_json::to_vec(&self.response(status)).unwrap_or_default();
+                let r = self.response(status).to_bytes();
                 let kind = if status == "completed" {
                     "response.completed"
                 } else {
@@ -983,6 +990,37 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_done_item_is_written_as_serde_writes_its_event() {
+        for text in AWKWARD_TEXTS {
+            for (i, item) in [
+                message_item("msg_1", text, "completed"),
+                reasoning_item("rs_\"2\"", text, Some(text)),
+                json!({"type": "function_call", "arguments": text, "n": [1, 2.5, null]}),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let (mut by_hand, mut by_serde) = (Vec::new(), Vec::new());
+                let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
+                e.emit_item_done(&mut by_hand, item, i * 1000);
+                let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
+                e.emit(
+                    &mut by_serde,
+                    "response.output_item.done",
+                    &ItemEvent {
+                        item,
+                        output_index: i * 1000,
+                    },
+                );
+                assert_eq!(
+                    String::from_utf8(by_hand).unwrap(),
+                    String::from_utf8(by_serde).unwrap()
+                );
+            }
+        }
     }
 
     fn decoded(event: Option<&str>, data: &str) -> Vec<Event> {
