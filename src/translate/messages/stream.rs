@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::*;
 use crate::json::write::Object;
-use crate::translate::lax;
+use crate::translate::hand;
 
 // === streams: messages upstream events → IR ===
 
@@ -100,14 +100,22 @@ impl StreamDecoder {
     }
 
     pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
-        let Ok(e) = lax::parse::<EventIn<'_>>(ev.data.as_bytes()) else {
+        // Read where it lies (it is large, one reader for every event type, and was moved at
+        // each step of a `Result` chain), from text the event decoder has checked as UTF-8.
+        let mut e = EventIn::default();
+        let read = hand::object_into(&mut e, ev.data)
+            || serde_json::from_str::<EventIn<'_>>(ev.data).is_ok_and(|v| {
+                e = v;
+                true
+            });
+        if !read {
             out.push(Event::Error(ir::ErrorInfo {
                 status: 502,
                 message: format!("the upstream sent an unreadable event: {:.200}", ev.data),
                 code: None,
             }));
             return;
-        };
+        }
         let text = |l: &Loose<'_>| l.as_str().unwrap_or("").to_owned();
         match e.kind.as_str().or(ev.event).unwrap_or("") {
             "content_block_delta" => {
