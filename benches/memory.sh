@@ -4,6 +4,10 @@
 # one request of each kind as a warm-up, reads the idle RSS, then holds N streams open at once
 # (the mock sends one event every 250 ms) and reads the RSS again: (open − idle) / N per stream,
 # for a passthrough chat stream and for a messages client translated to the chat upstream.
+# The idle figure counts the binary's own pages mapped, which depends on the page cache: a
+# binary just written may sit in large folios that map a whole segment at the first touch
+# (12.9 MB idle against 7.4 MB for the same file read afresh). To compare builds, drop the
+# cache first (sync; echo 3 > /proc/sys/vm/drop_caches, as root).
 #   benches/memory.sh [BIN] [N]
 set -euo pipefail
 bin=$(realpath "${1:-target/release/modelgate}")

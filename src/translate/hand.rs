@@ -32,7 +32,7 @@ pub trait Hand<'a>: Sized {
 
     /// Reads the value at `at` over `slot`, as [`Hand::read`] finds it. A struct's reader
     /// fills the struct where it lies: a member read into its parent, or an element into its
-    /// array, is not moved there afterwards (a chat chunk's choice is 200 bytes, moved twice).
+    /// array, is not moved there afterwards (a chat chunk's choice is some 190 bytes).
     fn read_into(slot: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
         let (value, end) = Self::read(text, at, open)?;
         *slot = value;

@@ -62,7 +62,7 @@ impl StreamDecoder {
             out.push(Event::End);
             return;
         }
-        // Read where it lies: a chunk is 150 bytes, moved at each step of an `Option` chain.
+        // Read where it lies: a chunk is some 160 bytes, moved at each step of an `Option` chain.
         let mut chunk = Chunk::default();
         let read = hand::object_into(&mut chunk, data)
             || serde_json::from_str::<Chunk<'_>>(data).is_ok_and(|c| {
