@@ -313,6 +313,15 @@ impl Usage {
         self.settle();
     }
 
+    /// Settles for a stream a translator read: with the usage its decoder kept (the same
+    /// counts this reader would find, read once rather than twice). Later calls do nothing.
+    pub fn settle_read(&mut self, read: ir::Usage) {
+        if !self.done {
+            self.reader.usage = read;
+            self.settle();
+        }
+    }
+
     fn settle(&mut self) {
         if std::mem::replace(&mut self.done, true) {
             return;
@@ -787,8 +796,10 @@ pin_project! {
     /// The body the client receives, watched to its end: the first byte, the gaps between
     /// chunks, and how it ended. No task and no channel: it is polled by hyper like any body.
     pub struct Observed<B> {
-        #[pin]
-        inner: B,
+        // Taken out and dropped before a body left unfinished is recorded: the layers under it
+        // settle the usage the upstream had reported when they are dropped, and the record
+        // gives it.
+        inner: Option<B>,
         finisher: Option<Box<Finisher>>,
         // Declared after `inner`, so dropped after it.
         holds: Holds,
@@ -796,7 +807,9 @@ pin_project! {
 
     impl<B> PinnedDrop for Observed<B> {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(f) = this.project().finisher.take() {
+            let this = this.project();
+            if let Some(f) = this.finisher.take() {
+                drop(this.inner.take());
                 // Dropped before its end: the client left (or the connection broke), unless
                 // there was nothing to send.
                 let ended = f.nothing_to_send;
@@ -822,7 +835,7 @@ impl<B: HttpBody> Observed<B> {
             metrics.in_flight_streams.inc();
         }
         Self {
-            inner,
+            inner: Some(inner),
             // Written into its box rather than built apart and copied in (384 bytes).
             finisher: Some(Box::write(
                 Box::new_uninit(),
@@ -845,7 +858,7 @@ impl<B: HttpBody> Observed<B> {
 
 impl<B> HttpBody for Observed<B>
 where
-    B: HttpBody<Data = Bytes>,
+    B: HttpBody<Data = Bytes> + Unpin,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -854,8 +867,11 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
+        let this = self.project();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 crate::phases::mark(crate::phases::Phase::Frame);
@@ -866,7 +882,7 @@ where
                 }
                 // A body that knows it is over may never be polled again: finish now, before
                 // the client can see its last byte.
-                if this.inner.is_end_stream() {
+                if inner.is_end_stream() {
                     if let Some(f) = this.finisher.take() {
                         f.finish(true);
                     }
@@ -889,11 +905,13 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(B::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), B::size_hint)
     }
 }
 
@@ -1230,5 +1248,57 @@ mod tests {
         let chat =
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\r\r";
         assert_eq!(read(Protocol::Chat, true, chat).total(), 10);
+    }
+
+    /// A translated stream is charged from its decoder's counts (`Usage::settle_read`): for
+    /// every upstream protocol and line end, the tokens the reader finds in the same bytes.
+    #[test]
+    fn a_translators_counts_are_the_readers() {
+        use crate::translate::{chat, messages, responses, StreamDecoder};
+        let chunk = |json: &str| format!("data: {json}\n\n");
+        let chat_sse = [
+            chunk(r#"{"id":"c","choices":[{"index":0,"delta":{"content":"the \"usage\": 5"}}]}"#),
+            chunk(r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}"#),
+            chunk(r#"{"id":"c","choices":[],"usage":{"prompt_tokens":21,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":16,"cache_write_tokens":1},"completion_tokens_details":{"reasoning_tokens":1}}}"#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        // Read by the decoder's general reader: an error chunk that reports usage.
+        let chat_error = chunk(
+            r#"{"error":{"message":"overloaded"},"usage":{"prompt_tokens":4,"completion_tokens":0}}"#,
+        );
+        let messages_sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"c\",\"usage\":{\"input_tokens\":9,\"cache_read_input_tokens\":20,\"cache_creation_input_tokens\":5,\"output_tokens\":1}}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":30}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let responses_sse = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"usage\":null}}\n\nevent: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"m\",\"delta\":\"hi\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"status\":\"completed\",\"output\":[],\"usage\":{\"input_tokens\":11,\"output_tokens\":6,\"input_tokens_details\":{\"cached_tokens\":2}}}}\n\n";
+        let responses_failed = "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"error\":{\"message\":\"no\"},\"usage\":{\"input_tokens\":8,\"output_tokens\":3}}}\n\n";
+        let cases: [(Protocol, &str); 5] = [
+            (Protocol::Chat, &chat_sse),
+            (Protocol::Chat, &chat_error),
+            (Protocol::Messages, messages_sse),
+            (Protocol::Responses, responses_sse),
+            (Protocol::Responses, responses_failed),
+        ];
+        for (protocol, body) in cases {
+            for end in ["\n", "\r\n"] {
+                let body = body.replace('\n', end);
+                let want = read(protocol, true, &body);
+                assert!(want.total() > 0, "{body}");
+                let mut decoder = match protocol {
+                    Protocol::Chat => StreamDecoder::Chat(chat::StreamDecoder::default()),
+                    Protocol::Messages => {
+                        StreamDecoder::Messages(messages::StreamDecoder::new(false))
+                    }
+                    Protocol::Responses => {
+                        StreamDecoder::Responses(responses::StreamDecoder::default())
+                    }
+                };
+                let mut sse = crate::sse::SseDecoder::with_limit(1 << 20);
+                let mut events = Vec::new();
+                sse.feed_with(body.as_bytes(), |ev| decoder.decode(ev, &mut events))
+                    .unwrap();
+                let mut counted = UsageReader::new(protocol, true);
+                counted.usage = decoder.usage();
+                assert_eq!(counted.finish(), want, "{protocol:?} {body}");
+            }
+        }
     }
 }

@@ -1265,8 +1265,7 @@ async fn translated_response(
     }
     // Boxed before any await: the body's generic bounds otherwise trip the compiler's
     // Send analysis of this future (rust-lang/rust#110338). The translator bounds a stream's
-    // events itself.
-    let inner = Metered::new(inner, usage);
+    // events itself, and reads the usage in them for the request's charge.
     let upstream_body = UpstreamBody::for_client(
         inner,
         limits.idle_timeout,
@@ -1275,7 +1274,7 @@ async fn translated_response(
         SizeLimit::Unbounded,
     );
     let body: Body = BodyExt::boxed(upstream_body);
-    let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes);
+    let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes).counting(usage);
     let mut resp = Response::new(BodyExt::boxed(translated));
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(

@@ -25,6 +25,7 @@ use crate::body::BoxError;
 use crate::config::{HostedTools, Protocol, Target, ThinkingStyle};
 use crate::error::GatewayError;
 use crate::ir::{self, Event};
+use crate::observe::Usage;
 use crate::sse::{EventRef, SseDecoder};
 
 /// How long an Anthropic client may wait without a byte before it gets a `ping`.
@@ -464,6 +465,18 @@ impl StreamDecoder {
             Self::Responses(d) => d.decode(ev, out),
         }
     }
+
+    /// The usage the upstream has reported so far, by its protocol's rules, from the events
+    /// each protocol puts it in (a chat chunk's `usage`, Anthropic's `message_start` and
+    /// `message_delta`, a terminal Responses event): the counts the usage reader
+    /// (`observe::UsageReader`) finds in a well-formed stream.
+    pub fn usage(&self) -> ir::Usage {
+        match self {
+            Self::Chat(d) => d.usage(),
+            Self::Messages(d) => d.usage(),
+            Self::Responses(d) => d.usage(),
+        }
+    }
 }
 
 /// The client side of a stream translation: IR events → wire bytes.
@@ -577,6 +590,11 @@ impl StreamTranslator {
     pub fn ended(&self) -> bool {
         self.events.ended
     }
+
+    /// The usage the upstream has reported in the events read so far.
+    pub fn usage(&self) -> ir::Usage {
+        self.events.decoder.usage()
+    }
 }
 
 impl Translating {
@@ -675,6 +693,19 @@ pin_project! {
         ping: tokio::time::Sleep,
         pings: bool,
         done: bool,
+        // Settled from the decoder's counts when the stream ends or the client leaves: the
+        // decoder reads every event already, so the upstream's bytes are not searched for
+        // usage a second time.
+        usage: Option<Usage>,
+    }
+
+    impl<B> PinnedDrop for TranslateBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(usage) = this.usage.as_mut() {
+                usage.settle_read(this.state.usage());
+            }
+        }
     }
 }
 
@@ -687,7 +718,14 @@ impl<B> TranslateBody<B> {
             ping: tokio::time::sleep(PING_INTERVAL),
             pings: t.client == Protocol::Messages,
             done: false,
+            usage: None,
         }
+    }
+
+    /// Charges the request what the upstream reported (`usage`), read by the translator.
+    pub fn counting(mut self, usage: Option<Usage>) -> Self {
+        self.usage = usage;
+        self
     }
 }
 
@@ -754,6 +792,11 @@ where
             }
             if this.state.ended() {
                 *this.done = true;
+            }
+            if *this.done {
+                if let Some(usage) = this.usage.as_mut() {
+                    usage.settle_read(this.state.usage());
+                }
             }
             if !out.is_empty() {
                 this.ping

@@ -510,3 +510,162 @@ async fn a_translated_reply_counts_the_usage_its_upstream_reported() {
         "{text}"
     );
 }
+
+/// The observe config with a messages upstream beside the chat one: `c*` goes to it.
+fn two_kinds_config(up: &str) -> String {
+    config(
+        up,
+        r#"
+[[upstreams]]
+name = "up"
+kind = "chat"
+base_url = "{UPSTREAM}/v1"
+api_key_env = "UPSTREAM_KEY"
+
+[[upstreams]]
+name = "anth"
+kind = "messages"
+base_url = "{UPSTREAM}/v1"
+api_key_env = "UPSTREAM_KEY"
+
+[[models]]
+name = "m*"
+upstream = "up"
+retry = { attempts = 1 }
+
+[[models]]
+name = "c*"
+upstream = "anth"
+retry = { attempts = 1 }
+"#,
+    )
+}
+
+#[tokio::test]
+async fn a_translated_stream_counts_the_usage_its_upstream_reported() {
+    let chunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":null}]}\n\n";
+    let stop = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+    let usage = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":21,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n";
+    let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"c\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n";
+    let block = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+    let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n";
+    let end = "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let up = FakeUpstream::start(move |seen| {
+        let v = seen.json();
+        let z = Duration::ZERO;
+        match v["model"].as_str().unwrap_or("") {
+            "m-stream" => Reply::sse(vec![
+                (z, chunk),
+                (Duration::from_millis(20), stop),
+                (z, usage),
+                (z, "data: [DONE]\n\n"),
+            ]),
+            // The stream is over for the client at `[DONE]`; the upstream's body ends later.
+            "m-late-end" => Reply::sse(vec![
+                (z, chunk),
+                (z, stop),
+                (z, usage),
+                (z, "data: [DONE]\n\n"),
+                (Duration::from_millis(400), ": done\n\n"),
+            ]),
+            "c-stream" => Reply::sse(vec![
+                (z, start),
+                (z, block),
+                (Duration::from_millis(20), delta),
+                (z, end),
+            ]),
+            // Keeps sending: the client leaves after the first event, the prompt's tokens
+            // already reported.
+            _ => Reply::sse(
+                std::iter::once((z, start))
+                    .chain(std::iter::once((z, block)))
+                    .chain(std::iter::repeat_n((Duration::from_millis(50), delta), 100))
+                    .collect(),
+            ),
+        }
+    })
+    .await;
+    let served = Served::start(&two_kinds_config(&up.url()), true);
+    let tokens = |log: &Value| {
+        (
+            log["input_tokens"].as_u64(),
+            log["output_tokens"].as_u64(),
+            log["cached_tokens"].as_u64(),
+        )
+    };
+
+    // A chat upstream's stream to a messages client and to a Responses client.
+    for (path, model) in [
+        ("/v1/messages", "m-stream"),
+        ("/v1/responses", "m-stream"),
+        ("/v1/messages", "m-late-end"),
+    ] {
+        let body = if path == "/v1/messages" {
+            json!({"model": model, "max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+        } else {
+            json!({"model": model, "stream": true, "input": "hi"})
+        };
+        let text = post_text(&format!("{}{path}", served.base), &body).await;
+        let last = if path == "/v1/messages" {
+            "event: message_stop"
+        } else {
+            "event: response.completed"
+        };
+        assert!(text.contains(last), "{path} {model}: {text}");
+        let log = served.access().await;
+        assert_eq!(log["model"], model, "{log}");
+        assert_eq!(log["outcome"], "ok", "{log}");
+        assert_eq!(
+            tokens(&log),
+            (Some(21), Some(2), Some(16)),
+            "{path} {model}: {log}"
+        );
+    }
+
+    // A messages upstream's stream to a chat client: the prompt's counts from `message_start`,
+    // the output's from `message_delta`.
+    let url = format!("{}/v1/chat/completions", served.base);
+    let mut body = chat_body("c-stream");
+    body["stream"] = json!(true);
+    let text = post_text(&url, &body).await;
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "ok", "{log}");
+    assert_eq!(tokens(&log), (Some(21), Some(9), Some(16)), "{log}");
+
+    // A client that leaves: charged what the upstream had reported by then.
+    let mut body = chat_body("c-slow");
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(&url)
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(resp);
+    let log = served.access().await;
+    assert_eq!(log["outcome"], "client_cancelled", "{log}");
+    assert_eq!(tokens(&log), (Some(21), Some(1), Some(16)), "{log}");
+
+    let text = served.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_tokens_total{model=\"m*\",key=\"test\",direction=\"input\"}"
+        ),
+        Some(63.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "modelgate_tokens_total{model=\"c*\",key=\"test\",direction=\"output\"}"
+        ),
+        Some(10.0),
+        "{text}"
+    );
+}

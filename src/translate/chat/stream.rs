@@ -14,6 +14,8 @@ pub struct StreamDecoder {
     started: bool,
     /// Chat's tool index → the IR's tool index, in order of first appearance.
     tools: Vec<u64>,
+    /// The last usage chunk's counts: what the request is charged.
+    usage: Usage,
 }
 
 lax_struct! {
@@ -144,9 +146,8 @@ impl StreamDecoder {
             .0
             .and_then(|text| Counts::object_at(text.as_bytes()))
         {
-            let mut usage = Usage::default();
-            counts.read_into(Protocol::Chat, &mut usage);
-            out.push(Event::Usage(usage));
+            counts.read_into(Protocol::Chat, &mut self.usage);
+            out.push(Event::Usage(self.usage));
         }
     }
 
@@ -160,7 +161,12 @@ impl StreamDecoder {
             }));
             return;
         };
+        let usage = v.get("usage").filter(|u| u.is_object());
+        if let Some(u) = usage {
+            self.usage = usage_from(u);
+        }
         if v.get("error").is_some_and(|e| !e.is_null()) {
+            // The stream ends here; the tokens an error chunk reports are still charged.
             out.push(Event::Error(error_from_body(500, &v)));
             return;
         }
@@ -234,9 +240,14 @@ impl StreamDecoder {
                 out.push(Event::Finish(finish_from(Some(reason))));
             }
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            out.push(Event::Usage(usage_from(u)));
+        if usage.is_some() {
+            out.push(Event::Usage(self.usage));
         }
+    }
+
+    /// The usage the stream has reported so far (none yet: zeros).
+    pub fn usage(&self) -> Usage {
+        self.usage
     }
 }
 

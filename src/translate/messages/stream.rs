@@ -206,6 +206,11 @@ impl StreamDecoder {
             counts.read_into(Protocol::Messages, &mut self.usage);
         }
     }
+
+    /// The usage the stream has reported so far (none yet: zeros).
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
 }
 
 // === streams: IR events → messages client events ===

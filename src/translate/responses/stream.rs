@@ -210,9 +210,16 @@ const DECODED: [&str; 13] = [
 pub struct StreamDecoder {
     /// item id → (IR tool index, whether any argument delta was seen).
     calls: Vec<(String, usize, bool)>,
+    /// The usage of the terminal event: what the request is charged.
+    usage: Usage,
 }
 
 impl StreamDecoder {
+    /// The usage the stream has reported so far (none yet: zeros).
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
     fn call_started(&mut self, item: &Value, out: &mut Vec<Event>) -> usize {
         let item_id = str_at(item, "id");
         if let Some((_, k, _)) = self.calls.iter().find(|(id, _, _)| *id == item_id) {
@@ -341,13 +348,18 @@ impl StreamDecoder {
             "response.completed" | "response.incomplete" => {
                 let r = v.get("response").unwrap_or(&Value::Null);
                 if let Some(u) = r.get("usage").filter(|u| u.is_object()) {
-                    out.push(Event::Usage(usage_from(u)));
+                    self.usage = usage_from(u);
+                    out.push(Event::Usage(self.usage));
                 }
                 out.push(Event::Finish(finish_from(r)));
                 out.push(Event::End);
             }
             "response.failed" => {
                 let r = v.get("response").unwrap_or(&Value::Null);
+                // A failed response may still have used tokens, and they are charged.
+                if let Some(u) = r.get("usage").filter(|u| u.is_object()) {
+                    self.usage = usage_from(u);
+                }
                 out.push(Event::Error(ir::ErrorInfo {
                     status: 502,
                     message: r
