@@ -1263,9 +1263,8 @@ async fn translated_response(
         );
         return Ok(resp);
     }
-    // Boxed before any await: the body's generic bounds otherwise trip the compiler's
-    // Send analysis of this future (rust-lang/rust#110338). The translator bounds a stream's
-    // events itself, and reads the usage in them for the request's charge.
+    // The translator bounds a stream's events itself, and reads the usage in them for the
+    // request's charge. One box, around the translator: it polls the layers under it directly.
     let upstream_body = UpstreamBody::for_client(
         inner,
         limits.idle_timeout,
@@ -1273,8 +1272,8 @@ async fn translated_response(
         fate.clone(),
         SizeLimit::Unbounded,
     );
-    let body: Body = BodyExt::boxed(upstream_body);
-    let translated = translate::TranslateBody::new(body, t, limits.max_event_bytes).counting(usage);
+    let translated =
+        translate::TranslateBody::new(upstream_body, t, limits.max_event_bytes).counting(usage);
     let mut resp = Response::new(BodyExt::boxed(translated));
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(
