@@ -63,6 +63,11 @@ impl<'o> Object<'o> {
         }
     }
 
+    pub fn u64(&mut self, key: &str, value: u64) {
+        let mut n = itoa::Buffer::new();
+        self.key(key).extend_from_slice(n.format(value).as_bytes());
+    }
+
     pub fn some_u64(&mut self, key: &str, value: Option<u64>) {
         if let Some(v) = value {
             let mut n = itoa::Buffer::new();

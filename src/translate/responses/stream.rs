@@ -131,6 +131,73 @@ struct SummaryTextDone<'a> {
     text: &'a str,
 }
 
+/// The payloads that hold an item's text, written by hand: a `.done` event holds the whole
+/// answer, whose every byte serde's writer looks up; [`write_json_str`] passes eight at a time.
+/// Each writes the bytes its `Serialize` writes.
+trait Payload {
+    fn write(&self, out: &mut Vec<u8>);
+}
+
+/// `usize` as JSON writes it: no platform here has a wider one.
+fn index(n: usize) -> u64 {
+    n as u64
+}
+
+impl Payload for ContentPartEvent<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.u64("content_index", self.content_index.into());
+        o.str("item_id", self.item_id);
+        o.u64("output_index", index(self.output_index));
+        let part = &self.part;
+        let mut p = Object::open(o.key("part"));
+        let _: [(); 0] = part.annotations;
+        p.key("annotations").extend_from_slice(b"[]");
+        p.str("text", part.text);
+        p.str("type", part.kind);
+        p.close();
+        o.close();
+    }
+}
+
+impl Payload for OutputTextDone<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.u64("content_index", self.content_index.into());
+        o.str("item_id", self.item_id);
+        let _: [(); 0] = self.logprobs;
+        o.key("logprobs").extend_from_slice(b"[]");
+        o.u64("output_index", index(self.output_index));
+        o.str("text", self.text);
+        o.close();
+    }
+}
+
+impl Payload for SummaryPartEvent<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.str("item_id", self.item_id);
+        o.u64("output_index", index(self.output_index));
+        let mut p = Object::open(o.key("part"));
+        p.str("text", self.part.text);
+        p.str("type", self.part.kind);
+        p.close();
+        o.u64("summary_index", self.summary_index.into());
+        o.close();
+    }
+}
+
+impl Payload for SummaryTextDone<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = Object::open(out);
+        o.str("item_id", self.item_id);
+        o.u64("output_index", index(self.output_index));
+        o.u64("summary_index", self.summary_index.into());
+        o.str("text", self.text);
+        o.close();
+    }
+}
+
 /// `response.function_call_arguments.done`.
 #[derive(Serialize)]
 struct ArgumentsDone<'a> {
@@ -457,6 +524,11 @@ impl StreamEncoder {
         });
     }
 
+    /// [`emit`](Self::emit) for a payload written by hand.
+    fn emit_payload(&mut self, out: &mut Vec<u8>, kind: &str, payload: &impl Payload) {
+        self.emit_with(out, kind, |o| payload.write(o));
+    }
+
     /// [`emit`](Self::emit) for the payload `{"response": <bytes>}`, the response object
     /// already written.
     fn emit_response(&mut self, out: &mut Vec<u8>, kind: &str, response: &[u8]) {
@@ -541,7 +613,7 @@ impl StreamEncoder {
                 text,
                 signature,
             } => {
-                self.emit(
+                self.emit_payload(
                     out,
                     "response.reasoning_summary_text.done",
                     &SummaryTextDone {
@@ -551,7 +623,7 @@ impl StreamEncoder {
                         text: &text,
                     },
                 );
-                self.emit(
+                self.emit_payload(
                     out,
                     "response.reasoning_summary_part.done",
                     &SummaryPartEvent::summary_text(&id, output_index, &text),
@@ -559,7 +631,7 @@ impl StreamEncoder {
                 reasoning_item(&id, &text, signature.as_deref())
             }
             OpenItem::Message { id, text } => {
-                self.emit(
+                self.emit_payload(
                     out,
                     "response.output_text.done",
                     &OutputTextDone {
@@ -570,7 +642,7 @@ impl StreamEncoder {
                         text: &text,
                     },
                 );
-                self.emit(
+                self.emit_payload(
                     out,
                     "response.content_part.done",
                     &ContentPartEvent::output_text(&id, output_index, &text),
@@ -698,7 +770,7 @@ impl StreamEncoder {
                             output_index,
                         },
                     );
-                    self.emit(
+                    self.emit_payload(
                         out,
                         "response.reasoning_summary_part.added",
                         &SummaryPartEvent::summary_text(&id, output_index, ""),
@@ -750,7 +822,7 @@ impl StreamEncoder {
                             output_index,
                         },
                     );
-                    self.emit(
+                    self.emit_payload(
                         out,
                         "response.content_part.added",
                         &ContentPartEvent::output_text(&id, output_index, ""),
@@ -1031,6 +1103,38 @@ mod tests {
                     String::from_utf8(by_hand).unwrap(),
                     String::from_utf8(by_serde).unwrap()
                 );
+            }
+        }
+    }
+
+    /// The text-bearing payloads written by hand hold serde's bytes, whatever the text.
+    #[test]
+    fn text_payloads_are_written_as_serde_writes_them() {
+        fn same(p: &(impl Payload + Serialize)) {
+            let mut by_hand = Vec::new();
+            p.write(&mut by_hand);
+            assert_eq!(
+                String::from_utf8(by_hand).unwrap(),
+                serde_json::to_string(p).unwrap()
+            );
+        }
+        for text in AWKWARD_TEXTS {
+            for (id, i) in [("msg_1", 0), ("m\"\u{1}", usize::MAX)] {
+                same(&ContentPartEvent::output_text(id, i, text));
+                same(&SummaryPartEvent::summary_text(id, i, text));
+                same(&OutputTextDone {
+                    content_index: 0,
+                    item_id: id,
+                    logprobs: [],
+                    output_index: i,
+                    text,
+                });
+                same(&SummaryTextDone {
+                    item_id: id,
+                    output_index: i,
+                    summary_index: 0,
+                    text,
+                });
             }
         }
     }
