@@ -803,6 +803,24 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    #[test]
+    fn an_event_stream_is_told_by_its_type_whatever_its_parameters() {
+        let with = |v: &[u8]| {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_bytes(v).unwrap(),
+            );
+            is_event_stream(&h)
+        };
+        assert!(with(b"text/event-stream"));
+        assert!(with(b"text/event-stream; charset=utf-8"));
+        assert!(with(b"text/event-stream; x=\xe9"));
+        assert!(!with(b"application/json"));
+        assert!(!with(b"text/event"));
+        assert!(!is_event_stream(&http::HeaderMap::new()));
+    }
+
     #[tokio::test]
     async fn the_usage_chunk_is_taken_out_whatever_the_frames() {
         let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n";
@@ -1145,10 +1163,11 @@ impl<B> Redacted<B> {
 
 /// True when the head says an event stream follows.
 pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    // The bytes, not `to_str`'s checked text: asked several times of every answer, and a
+    // parameter past the type (`; charset=…`) may hold any byte without changing the type.
     headers
         .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// An upstream reply read whole; a body that breaks off is the upstream's bad response.
