@@ -158,6 +158,23 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|n| n.parse().ok())
 }
 
+/// A chat stream of `model` at `url`, read to its first chunk and left open.
+async fn stream_until_first_chunk(url: &str, model: &str) -> reqwest::Response {
+    let mut body = chat_body(model);
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(url)
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    resp
+}
+
 #[tokio::test]
 async fn every_request_is_logged_and_measured_at_its_end() {
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
@@ -238,18 +255,7 @@ async fn every_request_is_logged_and_measured_at_its_end() {
     assert!(log["ttfb_ms"].as_f64().unwrap() < log["duration_ms"].as_f64().unwrap());
 
     // A client that leaves mid-stream.
-    let mut body = chat_body("m-slow");
-    body["stream"] = json!(true);
-    let mut resp = client()
-        .post(&url)
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let first = resp.chunk().await.unwrap().unwrap();
-    assert!(!first.is_empty());
+    let resp = stream_until_first_chunk(&url, "m-slow").await;
     // The stream is open: in flight until its last byte, well past its head.
     let during = served.metrics().await;
     assert_eq!(
@@ -634,19 +640,7 @@ async fn a_translated_stream_counts_the_usage_its_upstream_reported() {
     assert_eq!(tokens(&log), (Some(21), Some(9), Some(16)), "{log}");
 
     // A client that leaves: charged what the upstream had reported by then.
-    let mut body = chat_body("c-slow");
-    body["stream"] = json!(true);
-    let mut resp = client()
-        .post(&url)
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let first = resp.chunk().await.unwrap().unwrap();
-    assert!(!first.is_empty());
-    drop(resp);
+    drop(stream_until_first_chunk(&url, "c-slow").await);
     let log = served.access().await;
     assert_eq!(log["outcome"], "client_cancelled", "{log}");
     assert_eq!(tokens(&log), (Some(21), Some(1), Some(16)), "{log}");
