@@ -162,13 +162,7 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 async fn stream_until_first_chunk(url: &str, model: &str) -> reqwest::Response {
     let mut body = chat_body(model);
     body["stream"] = json!(true);
-    let mut resp = client()
-        .post(url)
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut resp = post(url, &body).await;
     assert_eq!(resp.status(), 200);
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(!first.is_empty());

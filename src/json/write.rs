@@ -63,7 +63,8 @@ impl<'o> Object<'o> {
         }
     }
 
-    pub fn u64(&mut self, key: &str, value: u64) {
+    /// Any integer, as serde writes it.
+    pub fn int(&mut self, key: &str, value: impl itoa::Integer) {
         let mut n = itoa::Buffer::new();
         self.key(key).extend_from_slice(n.format(value).as_bytes());
     }

@@ -425,15 +425,20 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-/// POSTs JSON with the test key and returns status, headers and parsed body.
-pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, HeaderMap, serde_json::Value) {
-    let resp = client()
+/// POSTs JSON with the test key; the response's body is not read yet.
+pub async fn post(url: &str, body: &serde_json::Value) -> reqwest::Response {
+    client()
         .post(url)
         .bearer_auth(KEY)
-        .json(&body)
+        .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// POSTs JSON with the test key and returns status, headers and parsed body.
+pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, HeaderMap, serde_json::Value) {
+    let resp = post(url, &body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let bytes = resp.bytes().await.unwrap();
@@ -444,16 +449,7 @@ pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, HeaderMap, s
 
 /// POSTs JSON with the test key and returns the whole body as text (streams read to the end).
 pub async fn post_text(url: &str, body: &serde_json::Value) -> String {
-    client()
-        .post(url)
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    post(url, body).await.text().await.unwrap()
 }
 
 /// A minimal valid chat body for `model`.

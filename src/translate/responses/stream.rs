@@ -138,17 +138,12 @@ trait Payload {
     fn write(&self, out: &mut Vec<u8>);
 }
 
-/// `usize` as JSON writes it: no platform here has a wider one.
-fn index(n: usize) -> u64 {
-    n as u64
-}
-
 impl Payload for ContentPartEvent<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = Object::open(out);
-        o.u64("content_index", self.content_index.into());
+        o.int("content_index", self.content_index);
         o.str("item_id", self.item_id);
-        o.u64("output_index", index(self.output_index));
+        o.int("output_index", self.output_index);
         let part = &self.part;
         let mut p = Object::open(o.key("part"));
         let _: [(); 0] = part.annotations;
@@ -163,11 +158,11 @@ impl Payload for ContentPartEvent<'_> {
 impl Payload for OutputTextDone<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = Object::open(out);
-        o.u64("content_index", self.content_index.into());
+        o.int("content_index", self.content_index);
         o.str("item_id", self.item_id);
         let _: [(); 0] = self.logprobs;
         o.key("logprobs").extend_from_slice(b"[]");
-        o.u64("output_index", index(self.output_index));
+        o.int("output_index", self.output_index);
         o.str("text", self.text);
         o.close();
     }
@@ -177,12 +172,12 @@ impl Payload for SummaryPartEvent<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = Object::open(out);
         o.str("item_id", self.item_id);
-        o.u64("output_index", index(self.output_index));
+        o.int("output_index", self.output_index);
         let mut p = Object::open(o.key("part"));
         p.str("text", self.part.text);
         p.str("type", self.part.kind);
         p.close();
-        o.u64("summary_index", self.summary_index.into());
+        o.int("summary_index", self.summary_index);
         o.close();
     }
 }
@@ -191,8 +186,8 @@ impl Payload for SummaryTextDone<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = Object::open(out);
         o.str("item_id", self.item_id);
-        o.u64("output_index", index(self.output_index));
-        o.u64("summary_index", self.summary_index.into());
+        o.int("output_index", self.output_index);
+        o.int("summary_index", self.summary_index);
         o.str("text", self.text);
         o.close();
     }
