@@ -9,7 +9,7 @@ use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::json::write_json_str;
 use crate::sse;
 use crate::translate::counts::Counts;
-use crate::translate::lax::{lax_struct, Loose, RawText};
+use crate::translate::lax::{lax_struct, First, Loose, RawText};
 
 #[cfg(test)]
 mod reply;
@@ -74,7 +74,7 @@ lax_struct! {
         id: Loose<'a>,
         model: Loose<'a>,
         created: Loose<'a>,
-        choices: Loose<'a, Choice<'a>>,
+        choices: First<Choice<'a>>,
         usage: RawText<'a>,
     }
 }
@@ -113,16 +113,12 @@ lax_struct! {
 /// Reads a chat upstream's non-streamed reply: the first choice's message, its finish reason,
 /// and the usage.
 pub fn reply_to_ir(v: &Reply<'_>) -> Result<ir::Response, GatewayError> {
-    let choice = v
-        .choices
-        .as_array()
-        .and_then(<[Choice<'_>]>::first)
-        .ok_or_else(|| {
-            GatewayError::new(
-                crate::error::ErrorKind::UpstreamBadResponse,
-                "the upstream reply has no choices",
-            )
-        })?;
+    let choice = v.choices.0.as_ref().ok_or_else(|| {
+        GatewayError::new(
+            crate::error::ErrorKind::UpstreamBadResponse,
+            "the upstream reply has no choices",
+        )
+    })?;
     let msg = &choice.message;
     let mut content = Vec::new();
     // `reasoning_content` when the key is there at all, even as null; `reasoning` otherwise.

@@ -245,6 +245,61 @@ impl<'de: 'a, 'a, A: Deserialize<'de>, O: Deserialize<'de>> Visitor<'de>
     }
 }
 
+/// An array's first element, read as `T`; the elements after it are checked as serde checks
+/// what it ignores, and dropped. Any other value is checked as a [`Loose`] reads it and holds
+/// nothing. For a reply's or a chunk's `choices`, of which the gateway translates the first: a
+/// `Loose` array is a `Vec`, an allocation per streamed chunk.
+#[derive(Debug)]
+pub struct First<T>(pub Option<T>);
+
+// Not derived: a derive would ask `T: Default`, which an absent array does not need.
+impl<T> Default for First<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<fn() -> T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = First<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+                let first = seq.next_element()?;
+                skip_seq(seq)?;
+                Ok(First(first))
+            }
+            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<Self::Value, M::Error> {
+                // Read as a `Loose` reads an object it skips: keys as strings.
+                IgnoredAny::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(First(None))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(First(None))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
 /// A value kept as its raw JSON text (a schema, a tool's input): `null` is kept as `null`,
 /// unlike `Option<&RawValue>`, which would read it as absent.
 #[derive(Debug, Default, Clone, Copy)]
@@ -416,6 +471,10 @@ macro_rules! lax_struct {
             fn read_into(slot: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
                 // A repeated key's value replaces the earlier one whole, as serde's read does.
                 *slot = Self::default();
+                Self::fill(slot, text, at, open)
+            }
+
+            fn read_fresh(slot: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
                 Self::fill(slot, text, at, open)
             }
 

@@ -1,11 +1,12 @@
 //! Chat Completions streams: upstream chunks → IR events, and IR events → chunks for a chat client.
 
+use serde::Deserialize;
 #[cfg(test)]
 use serde::Serialize;
 
 use super::*;
 use crate::json::write_json_str;
-use crate::translate::hand;
+use crate::translate::hand::{self, Hand};
 
 // === streams: chat upstream chunks → IR events ===
 
@@ -19,13 +20,23 @@ pub struct StreamDecoder {
 }
 
 lax_struct! {
-    /// A chat chunk: the members the decoder reads, each as `Value`'s accessors would see it,
-    /// read by hand without building a `Value` tree.
+    /// A chat chunk after the stream's first: the members the decoder reads, each as `Value`'s
+    /// accessors would see it, read by hand without building a `Value` tree. Its id, model and
+    /// time are the first chunk's to give: here they are checked as skipped, not read.
     struct Chunk<'a> {
+        choices: First<ChunkChoice<'a>>,
+        usage: RawText<'a>,
+        error: RawText<'a>,
+    }
+}
+
+lax_struct! {
+    /// The stream's first chunk, whose id, model and time start the stream.
+    struct FirstChunk<'a> {
         id: Loose<'a>,
         model: Loose<'a>,
         created: Loose<'a>,
-        choices: Loose<'a, ChunkChoice<'a>>,
+        choices: First<ChunkChoice<'a>>,
         usage: RawText<'a>,
         error: RawText<'a>,
     }
@@ -64,19 +75,25 @@ impl StreamDecoder {
             out.push(Event::End);
             return;
         }
-        // Read where it lies: a chunk is some 160 bytes, moved at each step of an `Option` chain.
-        let mut chunk = Chunk::default();
-        let read = hand::object_into(&mut chunk, data)
-            || serde_json::from_str::<Chunk<'_>>(data).is_ok_and(|c| {
-                chunk = c;
-                true
-            });
-        // An error chunk is rare, and read whole for everything it says.
-        if read && chunk.error.0.is_none_or(|e| e == "null") {
-            self.decode_chunk(&chunk, out);
+        if self.started {
+            let mut chunk = Chunk::default();
+            if read_chunk(&mut chunk, data) && no_error(chunk.error) {
+                return self.decode_chunk(chunk.choices.0.as_ref(), chunk.usage, out);
+            }
         } else {
-            self.decode_value(data, out);
+            let mut chunk = FirstChunk::default();
+            if read_chunk(&mut chunk, data) && no_error(chunk.error) {
+                self.started = true;
+                out.push(Event::Start {
+                    id: chunk.id.as_str().unwrap_or("").to_owned(),
+                    model: chunk.model.as_str().unwrap_or("").to_owned(),
+                    created: chunk.created.as_u64().unwrap_or_else(ir::now_secs),
+                });
+                return self.decode_chunk(chunk.choices.0.as_ref(), chunk.usage, out);
+            }
         }
+        // An error chunk is rare, and read whole for everything it says.
+        self.decode_value(data, out);
     }
 
     fn tool_index(&mut self, chat_index: u64) -> (usize, bool) {
@@ -89,20 +106,13 @@ impl StreamDecoder {
         }
     }
 
-    fn decode_chunk(&mut self, chunk: &Chunk<'_>, out: &mut Vec<Event>) {
-        if !self.started {
-            self.started = true;
-            out.push(Event::Start {
-                id: chunk.id.as_str().unwrap_or("").to_owned(),
-                model: chunk.model.as_str().unwrap_or("").to_owned(),
-                created: chunk.created.as_u64().unwrap_or_else(ir::now_secs),
-            });
-        }
-        if let Some(choice) = chunk
-            .choices
-            .as_array()
-            .and_then(<[ChunkChoice<'_>]>::first)
-        {
+    fn decode_chunk(
+        &mut self,
+        choice: Option<&ChunkChoice<'_>>,
+        usage: RawText<'_>,
+        out: &mut Vec<Event>,
+    ) {
+        if let Some(choice) = choice {
             let delta = &choice.delta;
             // `reasoning_content` (DeepSeek, vLLM) when it is text, `reasoning` (OpenRouter,
             // newer vLLM) otherwise.
@@ -141,11 +151,7 @@ impl StreamDecoder {
                 out.push(Event::Finish(finish_from(Some(reason))));
             }
         }
-        if let Some(counts) = chunk
-            .usage
-            .0
-            .and_then(|text| Counts::object_at(text.as_bytes()))
-        {
+        if let Some(counts) = usage.0.and_then(|text| Counts::object_at(text.as_bytes())) {
             counts.read_into(Protocol::Chat, &mut self.usage);
             out.push(Event::Usage(self.usage));
         }
@@ -249,6 +255,22 @@ impl StreamDecoder {
     pub fn usage(&self) -> Usage {
         self.usage
     }
+}
+
+/// Reads a chunk into `slot`, which holds the default, where it lies (a chunk is some 200
+/// bytes, moved at each step of an `Option` chain): by hand, or by serde when the hand reader is
+/// unsure. False when neither reads it.
+fn read_chunk<'a, C: Hand<'a> + Deserialize<'a>>(slot: &mut C, data: &'a str) -> bool {
+    hand::object_into(slot, data)
+        || serde_json::from_str::<C>(data).is_ok_and(|c| {
+            *slot = c;
+            true
+        })
+}
+
+/// Whether a chunk's `error` member is absent or `null`.
+fn no_error(error: RawText<'_>) -> bool {
+    error.0.is_none_or(|e| e == "null")
 }
 
 // === streams: IR events → chat client chunks ===
@@ -583,8 +605,9 @@ mod tests {
         }
     }
 
+    /// Both chunk types: each is read by hand as serde reads it.
     fn agrees(text: &[u8]) -> bool {
-        check::agrees::<Chunk<'_>>(text)
+        check::agrees::<FirstChunk<'_>>(text) & check::agrees::<Chunk<'_>>(text)
     }
 
     /// Chunks as upstreams write them, and oddities (types `Value`'s accessors would not
@@ -604,11 +627,25 @@ mod tests {
     #[test]
     fn chunks_are_read_by_hand_as_serde_reads_them() {
         check::all_read(CHUNKS, agrees);
-        // The last of a repeated key counts, and the first of the choices.
+        // The last of a repeated key counts, and the first of the choices (the others checked,
+        // not kept).
         let chunk: Chunk<'_> = hand::object(CHUNKS[5]).unwrap();
-        let choices = chunk.choices.as_array().unwrap();
-        assert_eq!(choices.len(), 3);
-        assert_eq!(choices[0].delta.content.as_str(), Some("last"));
+        let first = chunk.choices.0.unwrap();
+        assert_eq!(first.delta.content.as_str(), Some("last"));
+        for not_an_array in [CHUNKS[3], CHUNKS[4]] {
+            let chunk: Chunk<'_> = hand::object(not_an_array).unwrap();
+            assert!(chunk.choices.0.is_none(), "{not_an_array}");
+        }
+        // Past the first choice the elements are skipped, checked as serde checks what it
+        // ignores: a control character in a string is refused, a number past f64's range and a
+        // lone surrogate pass, by both readers.
+        let later = |bad: &str| format!(r#"{{"choices":[{{"delta":{{}}}},{bad}]}}"#);
+        let text = later("\"\u{1}\"");
+        assert!(!agrees(text.as_bytes()), "{text}");
+        assert!(serde_json::from_str::<Chunk<'_>>(&text).is_err(), "{text}");
+        for bad in ["1e400", r#""\ud800""#] {
+            assert!(agrees(later(bad).as_bytes()), "{bad}");
+        }
     }
 
     /// The chat streams of the fixture suite (`tests/fixtures/*_to_chat`): every chunk is read
