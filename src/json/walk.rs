@@ -53,9 +53,11 @@ pub(crate) fn colon(b: &[u8], i: usize) -> Option<usize> {
 /// Skips the value at `i` inside `open` containers, checked as serde checks what it ignores;
 /// answers where it ends.
 pub(crate) fn skip<const UTF8: bool>(b: &[u8], i: usize, open: usize) -> Option<usize> {
-    // A number (`total_tokens`) is the value usually skipped: read without the loop.
+    // A number (`total_tokens`) or a string (a chunk's `object`, `system_fingerprint`) is the
+    // value usually skipped: read without the loop.
     match b.get(i)? {
         b'-' | b'0'..=b'9' => number(b, i),
+        b'"' => Some(string::<UTF8>(b, i + 1)?.0),
         _ => skip_any::<UTF8>(b, i, open),
     }
 }
