@@ -1272,9 +1272,15 @@ async fn translated_response(
         fate.clone(),
         SizeLimit::Unbounded,
     );
-    let translated =
+    let mut translated =
         translate::TranslateBody::new(upstream_body, t, limits.max_event_bytes).counting(usage);
+    let last = translated.final_slot();
     let mut resp = Response::new(BodyExt::boxed(translated));
+    // The store (`stateful::finish`) takes a kept reply's final response from here rather
+    // than searching the stream for it.
+    if let Some(last) = last {
+        resp.extensions_mut().insert(last);
+    }
     *resp.headers_mut() = headers;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -31,6 +31,7 @@ use crate::json::RawObject;
 use crate::sse::{EventRef, EventTooLarge, SseDecoder};
 use crate::store::{RedisStore, StoreError};
 use crate::translate::lax::{self, lax_struct, Loose, Spanned};
+use crate::translate::responses::{Final, FinalSlot};
 
 /// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
 const MAX_ID_LEN: usize = 256;
@@ -521,6 +522,15 @@ impl Answer {
         }
     }
 
+    /// What the translator that wrote a stream left of its final response.
+    fn told(last: Final) -> Self {
+        Self {
+            text: last.text,
+            id: Some(last.id),
+            output: last.output,
+        }
+    }
+
     /// A response object's text, when it is JSON.
     fn read(text: &str) -> Option<Self> {
         let ids = lax::parse::<StoredIds<'_>>(text.as_bytes()).ok()?;
@@ -577,7 +587,7 @@ pub async fn finish(
     key: &str,
     prepared: &Prepared,
     served: Served,
-    resp: Response<Body>,
+    mut resp: Response<Body>,
     max_event_bytes: usize,
 ) -> Result<Response<Body>, GatewayError> {
     if !prepared.store || !resp.status().is_success() {
@@ -591,7 +601,11 @@ pub async fn finish(
         own_from: prepared.own_from,
     };
     if body::is_event_stream(resp.headers()) {
-        return Ok(resp.map(|b| BodyExt::boxed(Tap::new(b, job, max_event_bytes))));
+        let watch = match resp.extensions_mut().remove::<FinalSlot>() {
+            Some(slot) => TerminalWatch::Told(slot),
+            None => TerminalWatch::Read(SseDecoder::with_limit(max_event_bytes)),
+        };
+        return Ok(resp.map(|b| BodyExt::boxed(Tap::new(b, job, watch))));
     }
     let (mut parts, inner) = resp.into_parts();
     let bytes = body::collect_reply(inner).await?;
@@ -613,12 +627,10 @@ struct Tap {
 }
 
 impl Tap {
-    fn new(inner: Body, job: Job, max_event: usize) -> Self {
+    fn new(inner: Body, job: Job, watch: TerminalWatch) -> Self {
         Self {
             inner,
-            watch: TerminalWatch {
-                decoder: SseDecoder::with_limit(max_event),
-            },
+            watch,
             job: Some(job),
             waiting: None,
         }
@@ -626,20 +638,28 @@ impl Tap {
 }
 
 /// Finds a responses stream's terminal event in its frames as they pass.
-struct TerminalWatch {
-    decoder: SseDecoder,
+enum TerminalWatch {
+    /// A stream this gateway translated: its encoder leaves the final response here when it
+    /// writes the terminal event, in the frame that carries it.
+    Told(FinalSlot),
+    /// Any other (a responses upstream's, the mock's): its events are read.
+    Read(SseDecoder),
 }
 
 impl TerminalWatch {
     /// The response object of the terminal event `data` completes, if it completes one;
     /// `Err` once an event is too large to read.
     fn frame(&mut self, data: &[u8]) -> Result<Option<Answer>, EventTooLarge> {
+        let decoder = match self {
+            Self::Told(slot) => return Ok(slot.take().map(Answer::told)),
+            Self::Read(decoder) => decoder,
+        };
         // Every frame passes here, deltas by the hundred. Whole events that name no terminal
         // event, fed from between events, give nothing and leave the decoder between events:
         // they need not be decoded. A translated stream's frames always hold whole events, and
         // a burst's last frame holds its terminal event after all the others.
         let mut from = 0;
-        if self.decoder.is_idle() {
+        if decoder.is_idle() {
             match first_terminal_name(data) {
                 None if data.ends_with(b"\n\n") => return Ok(None),
                 None => {}
@@ -651,7 +671,7 @@ impl TerminalWatch {
             }
         }
         let mut response = None;
-        self.decoder.feed_with(&data[from..], |ev| {
+        decoder.feed_with(&data[from..], |ev| {
             if response.is_none() {
                 response = terminal(ev);
             }
@@ -1038,9 +1058,7 @@ mod tests {
             }
             for limit in [64, 4096] {
                 for cuts in &cuttings {
-                    let mut watch = TerminalWatch {
-                        decoder: SseDecoder::with_limit(limit),
-                    };
+                    let mut watch = TerminalWatch::Read(SseDecoder::with_limit(limit));
                     let mut reference = SseDecoder::with_limit(limit);
                     let mut from = 0;
                     for &to in cuts.iter().chain([&bytes.len()]) {

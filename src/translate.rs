@@ -595,6 +595,15 @@ impl StreamTranslator {
     pub fn usage(&self) -> ir::Usage {
         self.events.decoder.usage()
     }
+
+    /// For a Responses client whose reply is kept, where the stream's final response object
+    /// will be left ([`responses::FinalSlot`]).
+    pub fn final_slot(&mut self) -> Option<responses::FinalSlot> {
+        match &mut self.events.encoder {
+            StreamEncoder::Responses(e) => e.final_slot(),
+            _ => None,
+        }
+    }
 }
 
 impl Translating {
@@ -726,6 +735,11 @@ impl<B> TranslateBody<B> {
     pub fn counting(mut self, usage: Option<Usage>) -> Self {
         self.usage = usage;
         self
+    }
+
+    /// [`StreamTranslator::final_slot`].
+    pub fn final_slot(&mut self) -> Option<responses::FinalSlot> {
+        self.state.final_slot()
     }
 }
 

@@ -91,7 +91,8 @@ fn user_turns(body: &Value) -> usize {
 }
 
 /// Answers by protocol: chat and messages say `reply-<user turns>` (or `big` text of `size`
-/// bytes when the last user turn asks for it); a responses upstream keeps `resp_up_1`.
+/// bytes when the last user turn asks for it; a chat stream asked to `break me` ends after its
+/// first chunk); a responses upstream keeps `resp_up_1`.
 fn upstream(seen: &Seen) -> Reply {
     let path = seen.uri.split('?').next().unwrap_or_default().to_owned();
     if seen.method == "GET" && path == "/v1/responses/resp_up_1" {
@@ -133,12 +134,20 @@ fn upstream(seen: &Seen) -> Reply {
                 .unwrap();
             "x".repeat(n)
         }
+        Some(c) if c.contains("break me") => format!("break-{}", user_turns(&body)),
         _ => format!("reply-{}", user_turns(&body)),
     };
     match path.as_str() {
         "/v1/chat/completions" if body["stream"] == true => {
             let first = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-chat",
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}]});
+            if text.contains("break") {
+                // Ends after its first chunk: no finish, no `[DONE]`.
+                return Reply::sse(vec![(
+                    Duration::ZERO,
+                    format!("data: {first}\n\n").as_str(),
+                )]);
+            }
             let last = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-chat",
                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
@@ -760,6 +769,61 @@ async fn a_streamed_response_is_stored_from_its_events() {
     )
     .await;
     assert_eq!(items["data"].as_array().unwrap().len(), 5, "{items}");
+    // The first stream's output item is kept under its id too.
+    let item = done["output"][0]["id"].as_str().unwrap();
+    let text = post_text(
+        &url,
+        &json!({"model": "on-chat", "stream": true, "input": [
+            {"role": "user", "content": "Stream me."},
+            {"type": "item_reference", "id": item},
+            {"role": "user", "content": "Again."}]}),
+    )
+    .await;
+    assert_eq!(output_text(&completed(&text)), "reply-2");
+    assert_eq!(
+        conversation(&up.last()),
+        pairs(&[
+            ("user", "Stream me."),
+            ("assistant", "reply-1"),
+            ("user", "Again.")
+        ])
+    );
+}
+
+/// The `response` of a stream's `response.failed` event.
+fn failed(text: &str) -> Value {
+    text.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|v| v["type"] == "response.failed")
+        .unwrap_or_else(|| panic!("no response.failed in {text}"))["response"]
+        .clone()
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_is_stored_as_failed() {
+    let (_up, gw) = start("").await;
+    let url = gw.base("/v1/responses");
+    let text = post_text(
+        &url,
+        &json!({"model": "on-chat", "input": "break me", "stream": true}),
+    )
+    .await;
+    let broken = failed(&text);
+    assert_eq!(broken["status"], "failed", "{text}");
+    let id = broken["id"].as_str().unwrap();
+    let (s, got) = get(KEY, &gw.base(&format!("/v1/responses/{id}"))).await;
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got, broken, "stored as its terminal event's object");
+    // Not kept when the client said so.
+    let text = post_text(
+        &url,
+        &json!({"model": "on-chat", "input": "break me", "stream": true, "store": false}),
+    )
+    .await;
+    let id = failed(&text)["id"].as_str().unwrap().to_owned();
+    let (s, _) = get(KEY, &gw.base(&format!("/v1/responses/{id}"))).await;
+    assert_eq!(s, 404);
 }
 
 // === the same in a real Redis ===

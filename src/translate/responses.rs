@@ -19,7 +19,7 @@ mod request;
 mod stream;
 
 pub use request::{ir_to_request, request_to_ir, ClientContext, UpstreamContext};
-pub use stream::{StreamDecoder, StreamEncoder};
+pub use stream::{Final, FinalSlot, StreamDecoder, StreamEncoder};
 
 /// The `text` of every part in a reasoning item's `summary` or `content` list.
 fn texts_of<'v>(item: &'v Value, key: &str) -> Vec<&'v str> {

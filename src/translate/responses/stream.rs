@@ -1,7 +1,7 @@
 //! OpenAI Responses streams: upstream events → IR events, and IR events → events for a responses client.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -473,6 +473,34 @@ enum OpenItem {
     },
 }
 
+/// The response object a Responses stream ended with, as its terminal event carries it, and the
+/// ids keeping it needs.
+#[derive(Debug)]
+pub struct Final {
+    pub text: Box<str>,
+    pub id: String,
+    /// Its output items' ids.
+    pub output: Vec<String>,
+}
+
+/// Where a stream's encoder leaves its [`Final`] for the store (`stateful`), which would
+/// otherwise search every frame of the stream it has just written for its terminal event.
+#[derive(Debug, Clone, Default)]
+pub struct FinalSlot(Arc<Mutex<Option<Final>>>);
+
+impl FinalSlot {
+    fn put(&self, last: Final) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(last);
+        }
+    }
+
+    /// The stream's final response, once its terminal event has been written.
+    pub fn take(&self) -> Option<Final> {
+        self.0.lock().ok()?.take()
+    }
+}
+
 #[derive(Debug)]
 pub struct StreamEncoder {
     id: String,
@@ -489,6 +517,8 @@ pub struct StreamEncoder {
     finish: Option<Finish>,
     usage: Option<Usage>,
     done: bool,
+    /// Set when the reply is kept ([`Self::final_slot`]).
+    last: Option<FinalSlot>,
 }
 
 impl StreamEncoder {
@@ -507,7 +537,32 @@ impl StreamEncoder {
             finish: None,
             usage: None,
             done: false,
+            last: None,
         }
+    }
+
+    /// For a reply the client has not asked not to keep (`store`), the slot the terminal
+    /// event's response object will be left in.
+    pub fn final_slot(&mut self) -> Option<FinalSlot> {
+        if !self.echo.fresh_id {
+            return None;
+        }
+        Some(self.last.get_or_insert_with(FinalSlot::default).clone())
+    }
+
+    /// Leaves the terminal event's response object, written as `text`, in the final slot.
+    fn leave_final(&mut self, text: &[u8]) {
+        let (Some(slot), Ok(text)) = (&self.last, std::str::from_utf8(text)) else {
+            return;
+        };
+        let output = (self.output.iter())
+            .filter_map(|item| item.get("id").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        slot.put(Final {
+            text: text.into(),
+            id: self.id.clone(),
+            output,
+        });
     }
 
     /// Writes the event `kind` with the members of the object `payload` after its `type` and
@@ -909,6 +964,7 @@ impl StreamEncoder {
                     "response.incomplete"
                 };
                 self.emit_response(out, kind, &r);
+                self.leave_final(&r);
                 self.done = true;
             }
             Event::Error(e) => {
@@ -926,6 +982,9 @@ impl StreamEncoder {
                         "error": {"type": "server_error", "code": code, "message": e.message}}),
                 );
                 self.emit(out, "response.failed", &json!({"response": r}));
+                if self.last.is_some() {
+                    self.leave_final(&serde_json::to_vec(&r).unwrap_or_default());
+                }
                 self.done = true;
             }
         }
