@@ -100,12 +100,29 @@ impl ResponseStore {
     fn local_key(key: &str, kind: Kind, id: &str) -> String {
         // The key name's length first: no id a client sends can make one key's entry read as
         // another key's, whatever characters either holds.
-        format!("{}:{key}:{}:{id}", key.len(), kind.name())
+        let mut length = itoa::Buffer::new();
+        Self::joined(&[
+            length.format(key.len()),
+            ":",
+            key,
+            ":",
+            kind.name(),
+            ":",
+            id,
+        ])
     }
 
     /// The same layout as the limits' keys: the gateway key is the cluster hash tag.
     fn redis_key(key: &str, kind: Kind, id: &str) -> String {
-        format!("modelgate:{{{key}}}:{}:{id}", kind.name())
+        Self::joined(&["modelgate:{", key, "}:", kind.name(), ":", id])
+    }
+
+    /// `parts` end to end, allocated once (a stored answer makes a key for itself and for
+    /// each of its items).
+    fn joined(parts: &[&str]) -> String {
+        let mut joined = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        parts.iter().for_each(|p| joined.push_str(p));
+        joined
     }
 
     async fn get_raw(&self, key: &str, kind: Kind, id: &str) -> Result<Option<String>, StoreError> {
@@ -418,14 +435,17 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
     let items = match input {
         Ok(Loose::Arr(items)) => items,
         Ok(Loose::Str(text)) => {
-            let mut item = user_message(text.into_owned());
-            complete_item(&mut item);
-            let ids = item.get("id").and_then(Value::as_str).map(str::to_owned);
-            let ids = ids.into_iter().filter(|_| own_from == 0).collect();
-            // Written into bytes: `Value`'s `to_string` goes through the formatter, slower. A
-            // `Value` always serialises; the fallback is never taken.
-            let text = serde_json::to_string(&[item]).unwrap_or_else(|_| "[]".to_owned());
-            return (text, ids);
+            // The user message it stands for, with an id, written as serde writes the tree
+            // `user_message` and `complete_item` make of it (members in order).
+            let id = mint_item_id(None);
+            let mut item = Vec::with_capacity(text.len() + 112);
+            item.extend_from_slice(br#"[{"content":[{"text":"#);
+            crate::json::write_json_str(&mut item, &text);
+            item.extend_from_slice(br#","type":"input_text"}],"id":""#);
+            item.extend_from_slice(id.as_bytes());
+            item.extend_from_slice(br#"","role":"user","type":"message"}]"#);
+            let ids = if own_from == 0 { vec![id] } else { Vec::new() };
+            return (String::from_utf8(item).unwrap_or_default(), ids);
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
@@ -1000,6 +1020,16 @@ mod tests {
                     .filter_map(|i| i.get("id").and_then(Value::as_str))
                     .collect();
                 assert_eq!(ids, listed, "{body} from {own_from}");
+                // A string input is written by hand: the bytes serde writes its tree as.
+                if let [Value::Object(item)] = &tree[..] {
+                    if item.get("role").is_some_and(|r| r == "user")
+                        && body.contains("\"input\":\"")
+                    {
+                        let mut same = item.clone();
+                        same.insert("id".into(), kept[0]["id"].clone());
+                        assert_eq!(text, serde_json::to_string(&[same]).unwrap(), "{body}");
+                    }
+                }
             }
         }
     }
