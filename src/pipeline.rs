@@ -1249,14 +1249,19 @@ async fn translated_response(
             fate,
         };
         let bytes = body::collect_reply_within(inner, bounds).await?;
-        let (status, reply, read) = t.json_reply_counted(parts.status, &bytes);
+        let reply = t.json_reply_counted(parts.status, &bytes);
         // The translation read the reply's usage already: the counter takes it from there.
         if let Some(usage) = usage {
-            usage.settle_reply(&bytes, read);
+            usage.settle_reply(&bytes, reply.usage);
         }
-        let mut resp = Response::new(body::full(reply));
-        *resp.status_mut() = status;
+        let mut resp = Response::new(body::full(reply.body));
+        *resp.status_mut() = reply.status;
         *resp.headers_mut() = headers;
+        // The store (`stateful::finish`) takes what it keeps of the reply from here.
+        if let Some(last) = reply.last {
+            resp.extensions_mut()
+                .insert(translate::responses::FinalSlot::holding(last));
+        }
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

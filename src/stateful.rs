@@ -627,10 +627,16 @@ pub async fn finish(
         };
         return Ok(resp.map(|b| BodyExt::boxed(Tap::new(b, job, watch))));
     }
+    let told = resp.extensions_mut().remove::<FinalSlot>();
     let (mut parts, inner) = resp.into_parts();
     let bytes = body::collect_reply(inner).await?;
-    // Kept as the text it is: what storing needs of it (its ids) is read without a tree.
-    if let Some(answer) = std::str::from_utf8(&bytes).ok().and_then(Answer::read) {
+    // Kept as the text it is: what storing needs of it (its ids) is what the translator that
+    // wrote it says, or read without a tree.
+    let answer = match told.and_then(|slot| slot.take()) {
+        Some(last) => Some(Answer::told(last)),
+        None => std::str::from_utf8(&bytes).ok().and_then(Answer::read),
+    };
+    if let Some(answer) = answer {
         job.record(&answer).await;
     }
     parts.headers.remove(http::header::CONTENT_LENGTH);

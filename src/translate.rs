@@ -289,6 +289,28 @@ pub fn error_body(client: Protocol, e: &ir::ErrorInfo) -> Value {
     }
 }
 
+/// A whole upstream reply in the client's protocol.
+pub struct JsonReply {
+    pub status: StatusCode,
+    pub body: Vec<u8>,
+    /// The usage the upstream's reply reported, when it was read as a reply: the usage counter
+    /// need not read it a second time.
+    pub usage: Option<ir::Usage>,
+    /// A Responses client's kept reply: what the store keeps of it.
+    pub last: Option<responses::Final>,
+}
+
+impl JsonReply {
+    fn error(status: StatusCode, client: Protocol, info: &ir::ErrorInfo) -> Self {
+        Self {
+            status,
+            body: crate::json::to_bytes(&error_body(client, info)),
+            usage: None,
+            last: None,
+        }
+    }
+}
+
 impl Translation {
     /// The reply side of a translation for the mock, which answers `protocol` from the IR
     /// directly; `body` is the request it answers (already decoded once, so known to be valid).
@@ -333,17 +355,12 @@ impl Translation {
 
     /// Translates a whole (non-streamed or error) upstream reply into the client's protocol.
     pub fn json_reply(&self, status: StatusCode, body: &[u8]) -> (StatusCode, Vec<u8>) {
-        let (status, reply, _) = self.json_reply_counted(status, body);
-        (status, reply)
+        let reply = self.json_reply_counted(status, body);
+        (reply.status, reply.body)
     }
 
-    /// [`Self::json_reply`], and the usage the upstream's reply reported when it was read as
-    /// a reply: the usage counter need not read it a second time.
-    pub fn json_reply_counted(
-        &self,
-        status: StatusCode,
-        body: &[u8],
-    ) -> (StatusCode, Vec<u8>, Option<ir::Usage>) {
+    /// [`Self::json_reply`], with what else reading it found ([`JsonReply`]).
+    pub fn json_reply_counted(&self, status: StatusCode, body: &[u8]) -> JsonReply {
         let not_json = || ir::ErrorInfo {
             status: 502,
             message: "the upstream answered with a body that is not JSON".into(),
@@ -371,11 +388,7 @@ impl Translation {
             } else {
                 status
             };
-            return (
-                status,
-                crate::json::to_bytes(&error_body(self.client, &info)),
-                None,
-            );
+            return JsonReply::error(status, self.client, &info);
         }
         // Chat and messages replies are read straight into the few members that count: no
         // `Value` tree, and by hand unless the reply is one the hand reader leaves to serde.
@@ -395,32 +408,25 @@ impl Translation {
 
     /// The client's reply for what the upstream's reply read as, or its error; and the usage
     /// it read.
-    fn reply_from(
-        &self,
-        decoded: Result<ir::Response, ir::ErrorInfo>,
-    ) -> (StatusCode, Vec<u8>, Option<ir::Usage>) {
+    fn reply_from(&self, decoded: Result<ir::Response, ir::ErrorInfo>) -> JsonReply {
         let r = match decoded {
             Ok(r) => r,
-            Err(info) => {
-                return (
-                    StatusCode::BAD_GATEWAY,
-                    crate::json::to_bytes(&error_body(self.client, &info)),
-                    None,
-                )
+            Err(info) => return JsonReply::error(StatusCode::BAD_GATEWAY, self.client, &info),
+        };
+        let (body, last) = match self.client {
+            // Every reply is written straight to bytes, with no tree of the whole between.
+            Protocol::Messages => (messages::response_bytes(&r, &self.client_model), None),
+            Protocol::Chat => (chat::response_bytes(&r, &self.client_model), None),
+            Protocol::Responses => {
+                responses::response_kept(&r, &self.client_model, &self.echo(), &self.client_tools())
             }
         };
-        let bytes = match self.client {
-            // Every reply is written straight to bytes, with no tree of the whole between.
-            Protocol::Messages => messages::response_bytes(&r, &self.client_model),
-            Protocol::Chat => chat::response_bytes(&r, &self.client_model),
-            Protocol::Responses => responses::response_bytes(
-                &r,
-                &self.client_model,
-                &self.echo(),
-                &self.client_tools(),
-            ),
-        };
-        (StatusCode::OK, bytes, Some(r.usage))
+        JsonReply {
+            status: StatusCode::OK,
+            body,
+            usage: Some(r.usage),
+            last,
+        }
     }
 
     pub fn stream_decoder(&self) -> StreamDecoder {

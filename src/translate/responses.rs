@@ -585,6 +585,27 @@ pub fn response_bytes(
     p.response(r, client_model, echo).to_bytes()
 }
 
+/// [`response_bytes`], and for a reply the client has not asked not to keep (`store`), what
+/// the store keeps of it ([`Final`]), known here without reading the bytes again.
+pub fn response_kept(
+    r: &ir::Response,
+    client_model: &str,
+    echo: &Echo,
+    client_tools: &ToolMap,
+) -> (Vec<u8>, Option<Final>) {
+    let p = reply_parts(r, echo, client_tools);
+    let bytes = p.response(r, client_model, echo).to_bytes();
+    let last = match std::str::from_utf8(&bytes) {
+        Ok(text) if echo.fresh_id => Some(Final {
+            text: text.into(),
+            output: stream::item_ids(&p.output),
+            id: p.id,
+        }),
+        _ => None,
+    };
+    (bytes, last)
+}
+
 // === errors ===
 
 pub fn error_body(e: &ir::ErrorInfo) -> Value {

@@ -234,6 +234,47 @@ fn a_kept_streams_final_response_is_its_terminal_events() {
         .is_none());
 }
 
+/// A kept Responses JSON reply comes with what the store keeps of it: its own bytes, its id
+/// and its output items' ids.
+#[test]
+fn a_kept_json_reply_says_what_the_store_keeps() {
+    let t = translation(Protocol::Responses);
+    for reply in [
+        r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}]}"#,
+        r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"Hm","reasoning_content":"think","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"call_2","type":"function","function":{"name":"g","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"cut"},"finish_reason":"length"}]}"#,
+    ] {
+        let got = t.json_reply_counted(StatusCode::OK, reply.as_bytes());
+        assert_eq!(got.status, StatusCode::OK);
+        let last = got
+            .last
+            .unwrap_or_else(|| panic!("nothing kept of {reply}"));
+        assert_eq!(last.text.as_bytes(), got.body);
+        let written: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+        assert_eq!(last.id, written["id"].as_str().unwrap());
+        let output: Vec<&str> = (written["output"].as_array().unwrap().iter())
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert!(!output.is_empty());
+        assert_eq!(last.output, output, "{reply}");
+    }
+    // Errors are not kept, and neither is anything for other clients.
+    let error = t.json_reply_counted(StatusCode::OK, b"not json");
+    assert_eq!(error.status, StatusCode::BAD_GATEWAY);
+    assert!(error.last.is_none());
+    let upstream_error = t.json_reply_counted(
+        StatusCode::TOO_MANY_REQUESTS,
+        br#"{"error":{"message":"slow down"}}"#,
+    );
+    assert!(upstream_error.last.is_none());
+    let other = translation(Protocol::Messages).json_reply_counted(
+        StatusCode::OK,
+        br#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}]}"#,
+    );
+    assert_eq!(other.status, StatusCode::OK);
+    assert!(other.last.is_none());
+}
+
 #[test]
 fn a_path_walks_keys_and_array_indexes_as_a_pointer_does() {
     let v = serde_json::json!({"choices": [{"delta": {"a/b": 1}}], "usage": {"n": 2}});

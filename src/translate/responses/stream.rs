@@ -488,7 +488,21 @@ pub struct Final {
 #[derive(Debug, Clone, Default)]
 pub struct FinalSlot(Arc<Mutex<Option<Final>>>);
 
+/// The ids of output `items`.
+pub(super) fn item_ids(items: &[Value]) -> Vec<String> {
+    (items.iter())
+        .filter_map(|item| item.get("id").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
 impl FinalSlot {
+    /// A slot holding `last` already (a JSON reply's).
+    pub fn holding(last: Final) -> Self {
+        let slot = Self::default();
+        slot.put(last);
+        slot
+    }
+
     fn put(&self, last: Final) {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(last);
@@ -555,13 +569,10 @@ impl StreamEncoder {
         let (Some(slot), Ok(text)) = (&self.last, std::str::from_utf8(text)) else {
             return;
         };
-        let output = (self.output.iter())
-            .filter_map(|item| item.get("id").and_then(Value::as_str).map(str::to_owned))
-            .collect();
         slot.put(Final {
             text: text.into(),
             id: self.id.clone(),
-            output,
+            output: item_ids(&self.output),
         });
     }
 
