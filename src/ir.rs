@@ -270,19 +270,14 @@ pub fn mint_id(prefix: &str) -> String {
     // translated answer mints one or more.
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let (high, low) = (fastrand::u64(..), fastrand::u32(..));
-    // The digits into an array, then copied once: a `String::push` per digit checked the
-    // capacity 24 times.
-    let mut digits = [0_u8; 24];
-    for (i, digit) in digits[..16].iter_mut().enumerate() {
-        *digit = HEX[(high >> (60 - 4 * i)) as usize & 15];
-    }
-    for (i, digit) in digits[16..].iter_mut().enumerate() {
-        *digit = HEX[(low >> (28 - 4 * i)) as usize & 15];
-    }
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
-    // Hex digits are ASCII: the check cannot fail.
-    id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    for shift in (0..16).rev() {
+        id.push(char::from(HEX[(high >> (shift * 4)) as usize & 15]));
+    }
+    for shift in (0..8).rev() {
+        id.push(char::from(HEX[(low >> (shift * 4)) as usize & 15]));
+    }
     id
 }
 
