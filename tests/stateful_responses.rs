@@ -712,11 +712,21 @@ async fn passthrough_responses_are_read_and_deleted_at_their_upstream() {
 
 /// The `response` of a stream's `response.completed` event.
 fn completed(text: &str) -> Value {
+    terminal_response(text, "response.completed")
+}
+
+/// The `response` of a stream's `response.failed` event.
+fn failed(text: &str) -> Value {
+    terminal_response(text, "response.failed")
+}
+
+/// The `response` of a stream's event of type `kind`.
+fn terminal_response(text: &str, kind: &str) -> Value {
     text.split("\n\n")
         .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .find(|v| v["type"] == "response.completed")
-        .unwrap_or_else(|| panic!("no response.completed in {text}"))["response"]
+        .find(|v| v["type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {text}"))["response"]
         .clone()
 }
 
@@ -788,16 +798,6 @@ async fn a_streamed_response_is_stored_from_its_events() {
             ("user", "Again.")
         ])
     );
-}
-
-/// The `response` of a stream's `response.failed` event.
-fn failed(text: &str) -> Value {
-    text.split("\n\n")
-        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .find(|v| v["type"] == "response.failed")
-        .unwrap_or_else(|| panic!("no response.failed in {text}"))["response"]
-        .clone()
 }
 
 #[tokio::test]

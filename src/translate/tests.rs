@@ -97,18 +97,23 @@ impl HttpBody for Silent {
 }
 
 fn translation(client: Protocol) -> Translation {
-    let config = crate::config::Config::parse(
-        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
-        std::path::Path::new("."),
-        &|_| None,
-    )
-    .unwrap();
     let body = match client {
         Protocol::Messages => {
             r#"{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
         }
         _ => r#"{"model":"m","stream":true,"input":"hi"}"#,
     };
+    to_chat(client, body)
+}
+
+/// The translation of `body`, a `client` request for model `m`, toward a chat upstream.
+fn to_chat(client: Protocol, body: &str) -> Translation {
+    let config = crate::config::Config::parse(
+        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
+        std::path::Path::new("."),
+        &|_| None,
+    )
+    .unwrap();
     request(
         client,
         Protocol::Chat,
@@ -213,21 +218,10 @@ fn a_kept_streams_final_response_is_its_terminal_events() {
         assert!(!last.output.is_empty() || terminal == "response.failed");
     }
     // `store: false`: nothing is kept, so nothing is left.
-    let config = crate::config::Config::parse(
-        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
-        std::path::Path::new("."),
-        &|_| None,
-    )
-    .unwrap();
-    let body = r#"{"model":"m","stream":true,"input":"hi","store":false}"#;
-    let (_, t) = request(
+    let t = to_chat(
         Protocol::Responses,
-        Protocol::Chat,
-        body.as_bytes(),
-        config.models[0].primary(),
-        "m",
-    )
-    .unwrap();
+        r#"{"model":"m","stream":true,"input":"hi","store":false}"#,
+    );
     assert!(StreamTranslator::new(&t).final_slot().is_none());
     assert!(StreamTranslator::new(&translation(Protocol::Messages))
         .final_slot()
@@ -297,22 +291,9 @@ fn a_path_walks_keys_and_array_indexes_as_a_pointer_does() {
 /// each, so every event stays one `data:` line, and as the client's values.
 #[test]
 fn a_pretty_printed_request_is_echoed_without_breaking_the_events() {
-    let config = crate::config::Config::parse(
-        "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\n",
-        std::path::Path::new("."),
-        &|_| None,
-    )
-    .unwrap();
     let body = "{\n  \"model\": \"m\",\n  \"stream\": true,\n  \"input\": \"hi\",\n  \"instructions\": \"Line one.\\nLine \\\"two\\\".\",\n  \"temperature\": 0.5,\n  \"tool_choice\": {\n    \"type\": \"function\",\n    \"name\": \"get weather\"\n  },\n  \"tools\": [\n    {\n      \"type\": \"function\",\n      \"name\": \"get weather\",\n      \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}\n    }\n  ]\n}";
     let client: serde_json::Value = serde_json::from_str(body).unwrap();
-    let (_, t) = request(
-        Protocol::Responses,
-        Protocol::Chat,
-        body.as_bytes(),
-        config.models[0].primary(),
-        "m",
-    )
-    .unwrap();
+    let t = to_chat(Protocol::Responses, body);
     let mut st = StreamTranslator::new(&t);
     let mut out = Vec::new();
     st.feed(
