@@ -523,47 +523,31 @@ struct Job {
     own_from: usize,
 }
 
-/// A response object to store: its text as served, and the ids it holds, read with it.
-struct Answer {
-    text: Box<str>,
-    id: Option<String>,
-    /// Its output items' ids.
-    output: Vec<String>,
+/// What keeping a response object needs of its text, read without a tree: its id and its
+/// output items' ids (`None`, with a warning, when it has no id: nothing to keep it under).
+fn final_of(text: &str, ids: &StoredIds<'_>) -> Option<Final> {
+    let Some(id) = ids.id.as_str() else {
+        tracing::warn!("a responses answer had no id; not stored");
+        return None;
+    };
+    Some(Final {
+        text: text.into(),
+        id: id.to_owned(),
+        output: (ids.output.as_array().unwrap_or_default().iter())
+            .filter_map(|i| i.id.as_str().map(str::to_owned))
+            .collect(),
+    })
 }
 
-impl Answer {
-    fn new(text: &str, ids: &StoredIds<'_>) -> Self {
-        Self {
-            text: text.into(),
-            id: ids.id.as_str().map(str::to_owned),
-            output: (ids.output.as_array().unwrap_or_default().iter())
-                .filter_map(|i| i.id.as_str().map(str::to_owned))
-                .collect(),
-        }
-    }
-
-    /// What the translator that wrote a stream left of its final response.
-    fn told(last: Final) -> Self {
-        Self {
-            text: last.text,
-            id: Some(last.id),
-            output: last.output,
-        }
-    }
-
-    /// A response object's text, when it is JSON.
-    fn read(text: &str) -> Option<Self> {
-        let ids = lax::parse::<StoredIds<'_>>(text.as_bytes()).ok()?;
-        Some(Self::new(text, &ids))
-    }
+/// [`final_of`] a response object's text, when it is JSON.
+fn read_final(text: &str) -> Option<Final> {
+    let ids = lax::parse::<StoredIds<'_>>(text.as_bytes()).ok()?;
+    final_of(text, &ids)
 }
 
 impl Job {
-    async fn record(self, answer: &Answer) {
-        let Some(id) = answer.id.as_deref() else {
-            tracing::warn!("a responses answer had no id; not stored");
-            return;
-        };
+    async fn record(self, answer: &Final) {
+        let id = &answer.id;
         let stored = match self.served {
             Served::Upstream(upstream) => {
                 self.store
@@ -585,7 +569,7 @@ impl Job {
 
     /// Stores in a task of its own (it finishes even if the client leaves); the receiver
     /// says when it is done.
-    fn spawn(self, answer: Answer) -> Option<oneshot::Receiver<()>> {
+    fn spawn(self, answer: Final) -> Option<oneshot::Receiver<()>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = oneshot::channel();
         // Detached on purpose: the store write is bounded by the store's own timeout, and a
@@ -632,10 +616,8 @@ pub async fn finish(
     let bytes = body::collect_reply(inner).await?;
     // Kept as the text it is: what storing needs of it (its ids) is what the translator that
     // wrote it says, or read without a tree.
-    let answer = match told.and_then(|slot| slot.take()) {
-        Some(last) => Some(Answer::told(last)),
-        None => std::str::from_utf8(&bytes).ok().and_then(Answer::read),
-    };
+    let answer = (told.and_then(|slot| slot.take()))
+        .or_else(|| std::str::from_utf8(&bytes).ok().and_then(read_final));
     if let Some(answer) = answer {
         job.record(&answer).await;
     }
@@ -675,9 +657,9 @@ enum TerminalWatch {
 impl TerminalWatch {
     /// The response object of the terminal event `data` completes, if it completes one;
     /// `Err` once an event is too large to read.
-    fn frame(&mut self, data: &[u8]) -> Result<Option<Answer>, EventTooLarge> {
+    fn frame(&mut self, data: &[u8]) -> Result<Option<Final>, EventTooLarge> {
         let decoder = match self {
-            Self::Told(slot) => return Ok(slot.take().map(Answer::told)),
+            Self::Told(slot) => return Ok(slot.take()),
             Self::Read(decoder) => decoder,
         };
         // Every frame passes here, deltas by the hundred. Whole events that name no terminal
@@ -721,7 +703,7 @@ const TERMINAL: [&str; 3] = [
 ];
 
 /// The response object of a terminal event, if `ev` is one.
-fn terminal(ev: EventRef<'_>) -> Option<Answer> {
+fn terminal(ev: EventRef<'_>) -> Option<Final> {
     // Every event of a frame that is decoded passes here: one search rules out all that carry
     // no response object, before the names are looked for.
     static RESPONSE_KEY: LazyLock<memchr::memmem::Finder<'static>> =
@@ -738,7 +720,7 @@ fn terminal(ev: EventRef<'_>) -> Option<Answer> {
         return None;
     }
     let response = event.response;
-    Some(Answer::new(response.text?, &response.typed))
+    final_of(response.text?, &response.typed)
 }
 
 lax_struct! {
@@ -930,7 +912,7 @@ mod tests {
     /// those its text holds.
     fn response_of(e: EventRef<'_>) -> Option<Value> {
         let answer = terminal(e)?;
-        let again = Answer::read(&answer.text).unwrap();
+        let again = read_final(&answer.text).unwrap();
         assert_eq!((&answer.id, &answer.output), (&again.id, &again.output));
         Some(serde_json::from_str(&answer.text).unwrap())
     }
@@ -952,8 +934,8 @@ mod tests {
             serde_json::to_value(&read).unwrap(),
             serde_json::to_value(same.unwrap()).unwrap()
         );
-        let answer = Answer::read(response).unwrap();
-        assert_eq!(answer.id.as_deref(), Some("resp_1"));
+        let answer = read_final(response).unwrap();
+        assert_eq!(answer.id, "resp_1");
         assert_eq!(answer.output, ["msg_2", "fc_3"]);
     }
 
@@ -1131,7 +1113,7 @@ mod tests {
             r#"{"type":"response.completed","response":{"id":"r","output":[{"id":"msg_1"},{"t\u0079pe":"x"},{"id":"fc_2"}]}}"#,
         ] {
             let answer = terminal(ev(None, data)).unwrap();
-            assert_eq!(answer.id.as_deref(), Some("r"), "{data}");
+            assert_eq!(answer.id, "r", "{data}");
             assert_eq!(answer.output, ["msg_1", "fc_2"], "{data}");
             assert!(response_of(ev(None, data)).is_some());
         }

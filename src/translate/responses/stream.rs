@@ -473,8 +473,8 @@ enum OpenItem {
     },
 }
 
-/// The response object a Responses stream ended with, as its terminal event carries it, and the
-/// ids keeping it needs.
+/// A Responses answer's response object as it was served (a JSON reply, or what a stream's
+/// terminal event carries), and the ids keeping it needs.
 #[derive(Debug)]
 pub struct Final {
     pub text: Box<str>,
