@@ -59,6 +59,22 @@ request_of() {
     esac
 }
 
+# Sets cmd to run $1 on port $2 before the mock on $mport, for the benches that count one
+# process under valgrind: the gateway (config in $work/cfg), or with `nginx` for $1, Debian's
+# nginx in the benchbed's configuration as one process (one worker, no master), files in $work.
+serve_command() {
+    if [ "$1" = nginx ]; then
+        mkdir -p "$work/nginx-tmp"
+        sed -e "s/@NGINX_WORKERS@/1/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
+            -e "s/@NGINX_PORT@/$2/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
+        sed -i '1i master_process off;' "$work/nginx.conf"
+        cmd=(nginx -c "$work/nginx.conf" -p "$work")
+    else
+        gateway_config "$work/cfg" "$2" "$mport"
+        cmd=("$(realpath "$1")" serve --config "$work/cfg/gw.toml")
+    fi
+}
+
 # Waits (up to 30 s) until a gateway answers on port $1.
 wait_ready() {
     for _ in $(seq 150); do

@@ -23,16 +23,7 @@ work=$(mktemp -d)
 trap 'kill $mock_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 start_mock "$mport" "$work/mock.log"
 sim=(valgrind --tool=cachegrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=1048576,16,64)
-if [ "$target" = nginx ]; then
-    mkdir -p "$work/nginx-tmp"
-    sed -e "s/@NGINX_WORKERS@/1/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
-        -e "s/@NGINX_PORT@/$port/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
-    sed -i '1i master_process off;' "$work/nginx.conf"
-    cmd=(nginx -c "$work/nginx.conf" -p "$work")
-else
-    gateway_config "$work/cfg" "$port" "$mport"
-    cmd=("$(realpath "$target")" serve --config "$work/cfg/gw.toml")
-fi
+serve_command "$target" "$port"
 count() {
     local reqs=$1 out="$work/cg.$1.out"
     BENCHBED_UPSTREAM_KEY=k "${sim[@]}" --cachegrind-out-file="$out" "${cmd[@]}" \

@@ -21,21 +21,12 @@ work=$(mktemp -d)
 gw_pid=''
 trap 'kill $mock_pid $gw_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 start_mock "$mport" "$work/mock.log"
-gateway_config "$work/cfg" "$gport" "$mport"
 request_of "$kind"
 send() {
     oha -n "$1" -c 1 --no-tui -m POST -H "authorization: Bearer $key" \
         -H 'content-type: application/json' -d "$body" "http://127.0.0.1:$gport$path" > /dev/null
 }
-if [ "$target" = nginx ]; then
-    mkdir -p "$work/nginx-tmp"
-    sed -e "s/@NGINX_WORKERS@/1/" -e "s#@STATE@#$work#g" -e "s/@MOCK_PORT@/$mport/" \
-        -e "s/@NGINX_PORT@/$gport/" "$bb/conf/nginx.conf.in" > "$work/nginx.conf"
-    sed -i '1i master_process off;' "$work/nginx.conf"
-    cmd=(nginx -c "$work/nginx.conf" -p "$work")
-else
-    cmd=("$(realpath "$target")" serve --config "$work/cfg/gw.toml")
-fi
+serve_command "$target" "$gport"
 # One event loop (one nginx process), so one thread's calls in order.
 BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind \
     --dump-before=recv --dump-before=send --dump-before=writev \
