@@ -867,7 +867,7 @@ mod tests {
 
     use super::{Drive, Ended};
 
-    /// A future that counts its polls and is ready once `after` of them have passed.
+    /// A future that counts its polls.
     struct Counted<F> {
         inner: F,
         polls: Arc<AtomicUsize>,
