@@ -1,5 +1,7 @@
 //! Small helpers shared by the three protocol codecs: lenient reads of upstream JSON, refusals that name the field, message merging and body encoding.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,6 +21,16 @@ pub fn encoded<T: Serialize>(body: &T) -> Result<Vec<u8>, GatewayError> {
         )
     })?;
     Ok(out)
+}
+
+/// A request's system text as one string for an upstream that takes one: blank lines between
+/// its parts, and borrowed when there is a single part (the usual prompt), not copied.
+pub fn system_text(parts: &[String]) -> Option<Cow<'_, str>> {
+    match parts {
+        [] => None,
+        [one] => Some(Cow::Borrowed(one)),
+        many => Some(Cow::Owned(many.join("\n\n"))),
+    }
 }
 
 /// Appends parts as a message, merging with the previous message of the same role.

@@ -1,5 +1,7 @@
 //! Chat Completions requests: a chat client's body read into the IR through borrowing wire structs, and the IR written as a chat upstream's body.
 
+use std::borrow::Cow;
+
 use serde::de::IgnoredAny;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -9,7 +11,7 @@ use crate::error::GatewayError;
 use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
 use crate::json::write::{array, Object};
 use crate::json::write_json_str;
-use crate::translate::common::{push, tool_result_text, unsupported, EMPTY_SCHEMA};
+use crate::translate::common::{push, system_text, tool_result_text, unsupported, EMPTY_SCHEMA};
 use crate::translate::lax::{self, lax_struct, Loose, Raw};
 use crate::translate::messages::AnthropicThinking;
 
@@ -471,7 +473,7 @@ struct ChatRequestOut<'a> {
 #[serde(tag = "role", rename_all = "lowercase")]
 enum MessageOut<'a> {
     System {
-        content: String,
+        content: Cow<'a, str>,
     },
     User {
         content: UserContentOut<'a>,
@@ -820,10 +822,8 @@ fn request_out<'a>(
     target: &Target,
 ) -> ChatRequestOut<'a> {
     let mut messages = Vec::with_capacity(r.messages.len() + 1);
-    if !r.system.is_empty() {
-        messages.push(MessageOut::System {
-            content: r.system.join("\n\n"),
-        });
+    if let Some(content) = system_text(&r.system) {
+        messages.push(MessageOut::System { content });
     }
     for m in &r.messages {
         match m.role {

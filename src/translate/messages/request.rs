@@ -11,7 +11,7 @@ use super::JSON_TOOL;
 use crate::config::Target;
 use crate::error::GatewayError;
 use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
-use crate::translate::common::{encoded, push, unsupported, EMPTY_SCHEMA};
+use crate::translate::common::{encoded, push, system_text, unsupported, EMPTY_SCHEMA};
 use crate::translate::lax::{self, lax_struct, Loose, Raw};
 use crate::translate::tools::{self, HostedTool};
 
@@ -547,7 +547,7 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
 struct MessagesRequestOut<'a> {
     model: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<String>,
+    system: Option<Cow<'a, str>>,
     messages: Vec<MessageOut<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ToolOut<'a>>,
@@ -898,7 +898,7 @@ pub fn ir_to_request(
     });
     let out = MessagesRequestOut {
         model: upstream_model,
-        system: (!r.system.is_empty()).then(|| r.system.join("\n\n")),
+        system: system_text(&r.system),
         messages,
         tools,
         tool_choice,

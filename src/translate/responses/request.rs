@@ -1,5 +1,6 @@
 //! OpenAI Responses requests: a responses client's body read into the IR (and the fields its replies echo) through borrowing wire structs, and the IR written as a responses upstream's body.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::de::IgnoredAny;
@@ -10,7 +11,9 @@ use super::{Echo, SIG_PREFIX};
 use crate::config::Target;
 use crate::error::GatewayError;
 use crate::ir::{self, Image, ImageSource, Part, Reasoning, Role, Tool, ToolChoice};
-use crate::translate::common::{encoded, push, tool_result_text, unsupported, EMPTY_SCHEMA};
+use crate::translate::common::{
+    encoded, push, system_text, tool_result_text, unsupported, EMPTY_SCHEMA,
+};
 use crate::translate::lax::{self, lax_struct, Both, Loose, Raw};
 use crate::translate::tools::{self, ClientTool, HostedTool, ToolMap};
 
@@ -583,7 +586,7 @@ pub fn request_to_ir(body: &[u8]) -> Result<(ir::Request, ClientContext), Gatewa
 struct ResponsesRequestOut<'a> {
     model: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<String>,
+    instructions: Option<Cow<'a, str>>,
     input: Vec<ItemOut<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ToolOut<'a>>,
@@ -817,7 +820,7 @@ pub fn ir_to_request(
     };
     let out = ResponsesRequestOut {
         model: upstream_model,
-        instructions: (!r.system.is_empty()).then(|| r.system.join("\n\n")),
+        instructions: system_text(&r.system),
         input,
         tools,
         tool_choice,
