@@ -8,6 +8,10 @@
 # The first and third are what a client waits for; instructions.sh counts all four together.
 # With `nginx` for BIN, the same for Debian's nginx in the benchbed's configuration, run as one
 # process (it writes with `writev`). Needs valgrind, oha, and the benchbed's mock-upstream built.
+# With CODE_LINES=1, also the distinct code lines each stretch runs through (benches/code_lines.py's
+# count, per stretch): at a low rate each is fetched anew, so the request and reply stretches'
+# lines are what a cold request waits for. With CG_KEEP=DIR the dumps are kept there, for
+# callgrind_annotate on one stretch.
 #   benches/segments.sh [BIN|nginx] [json|messages|claude|responses] [N]
 set -euo pipefail
 source "$(dirname "$0")/benchbed.sh"
@@ -28,7 +32,7 @@ send() {
 }
 serve_command "$target" "$gport"
 # One event loop (one nginx process), so one thread's calls in order.
-BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind \
+BENCHBED_UPSTREAM_KEY=k TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind ${CODE_LINES:+--dump-instr=yes} \
     --dump-before=recv --dump-before=send --dump-before=writev \
     --callgrind-out-file="$work/cg.out" "${cmd[@]}" > "$work/gw.log" 2>&1 &
 gw_pid=$!
@@ -44,4 +48,5 @@ kill -INT "$gw_pid" 2>/dev/null || true
 kill -QUIT "$gw_pid" 2>/dev/null || true
 wait "$gw_pid" 2>/dev/null || true
 gw_pid=''
-python3 "$here/segments.py" "$work" "$first" "$n"
+python3 "$here/segments.py" "$work" "$first" "$n" ${CODE_LINES:+--lines}
+if [ -n "${CG_KEEP:-}" ]; then mkdir -p "$CG_KEEP" && cp "$work"/cg.out.* "$CG_KEEP/"; fi
