@@ -120,7 +120,7 @@ start_peers() {
 # messages pair), with the other translated kinds present but few. With 4 s of each, the
 # responses kinds took a quarter of the requests, and a new connection's blocks (under a tenth)
 # stayed below LLVM's hot line. With messages at half of chat's count, the translated request's
-# blocks were laid out behind the passthrough's and ran through more code lines (README, twelfth
+# blocks were laid out behind the passthrough's and ran through more code lines (docs/performance-log.md, twelfth
 # session).
 train() {
     # COUNT PATH BODY [new]: COUNT requests over two connections, or each on a new one.
