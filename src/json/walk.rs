@@ -16,15 +16,26 @@ pub(crate) const DEEPEST: usize = 64;
 pub(crate) fn object<const UTF8: bool>(
     b: &[u8],
     i: usize,
-    mut member: impl FnMut(&[u8], usize) -> Option<usize>,
+    member: impl FnMut(&[u8], usize) -> Option<usize>,
 ) -> Option<usize> {
     if b.get(i) != Some(&b'{') {
         return None;
     }
-    let mut i = space(b, i + 1);
+    let i = space(b, i + 1);
     if b.get(i) == Some(&b'}') {
         return Some(i + 1);
     }
+    members::<UTF8>(b, i, member)
+}
+
+/// [`object`] from the key at `i` on, the members before it read already: where a stream's
+/// chunks repeat the members they start with, those are checked once.
+#[inline]
+pub(crate) fn members<const UTF8: bool>(
+    b: &[u8],
+    mut i: usize,
+    mut member: impl FnMut(&[u8], usize) -> Option<usize>,
+) -> Option<usize> {
     loop {
         if b.get(i) != Some(&b'"') {
             return None;

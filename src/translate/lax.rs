@@ -489,18 +489,26 @@ macro_rules! lax_struct {
             /// The members of the value at `at` read into `out`, which holds the default.
             fn fill(out: &mut Self, text: &'a str, at: usize, open: usize) -> Option<usize> {
                 $crate::translate::hand::lax_fill(out, text, at, open, |out: &mut Self, key, at| {
-                    // Each member assigned as it comes leaves the last of a repeated key, as
-                    // serde's read does.
-                    $(if key == lax_struct!(@key $field $($key)?).as_bytes() {
-                        return $crate::translate::hand::Hand::read_into(
-                            &mut out.$field,
-                            text,
-                            at,
-                            open + 1,
-                        );
-                    })*
-                    $crate::json::walk::skip::<true>(text.as_bytes(), at, open + 1)
+                    Self::member(out, text, key, at, open)
                 })
+            }
+
+            /// Reads the member `key` of an object inside `open` containers, its value at
+            /// `at`, into `out` (or skips it, checked, when it is none of this struct's);
+            /// answers where the value ends.
+            #[inline]
+            fn member(out: &mut Self, text: &'a str, key: &[u8], at: usize, open: usize) -> Option<usize> {
+                // Each member assigned as it comes leaves the last of a repeated key, as
+                // serde's read does.
+                $(if key == lax_struct!(@key $field $($key)?).as_bytes() {
+                    return $crate::translate::hand::Hand::read_into(
+                        &mut out.$field,
+                        text,
+                        at,
+                        open + 1,
+                    );
+                })*
+                $crate::json::walk::skip::<true>(text.as_bytes(), at, open + 1)
             }
         }
     };

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::*;
-use crate::json::write_json_str;
+use crate::json::{walk, write_json_str};
 use crate::translate::hand::{self, Hand};
 
 // === streams: chat upstream chunks → IR events ===
@@ -17,6 +17,10 @@ pub struct StreamDecoder {
     tools: Vec<u64>,
     /// The last usage chunk's counts: what the request is charged.
     usage: Usage,
+    /// The text the last chunk read by hand began with, up to its `choices`: the id, object,
+    /// time, model and fingerprint a provider repeats in every chunk. A chunk that begins with
+    /// the same bytes is read from its `choices` on, those members already checked.
+    head: Vec<u8>,
 }
 
 lax_struct! {
@@ -77,7 +81,7 @@ impl StreamDecoder {
         }
         if self.started {
             let mut chunk = Chunk::default();
-            if read_chunk(&mut chunk, data) && no_error(chunk.error) {
+            if self.read_next(&mut chunk, data) && no_error(chunk.error) {
                 return self.decode_chunk(chunk.choices.0.as_ref(), chunk.usage, out);
             }
         } else {
@@ -94,6 +98,54 @@ impl StreamDecoder {
         }
         // An error chunk is rare, and read whole for everything it says.
         self.decode_value(data, out);
+    }
+
+    /// Reads a chunk after the first into `slot`, which holds the default: past the head it
+    /// repeats when it does ([`Self::head`]), else whole, by hand or by serde. False when
+    /// neither reads it.
+    fn read_next<'a>(&mut self, slot: &mut Chunk<'a>, data: &'a str) -> bool {
+        let b = data.as_bytes();
+        if !self.head.is_empty() && b.starts_with(&self.head) {
+            // The members the head holds were checked as skipped when it was recorded, and
+            // the walk past the same bytes ends where it ended then, at the `choices` key.
+            let end = walk::members::<true>(b, self.head.len(), |key, at| {
+                Chunk::member(slot, data, key, at, 0)
+            });
+            if end.is_some_and(|end| walk::space(b, end) == b.len()) {
+                return true;
+            }
+            *slot = Chunk::default();
+        }
+        // `data` is trimmed: the object starts at 0. The head is recorded when `choices` is
+        // the first of the chunk's members the decoder reads.
+        let mut choices_at = None;
+        let mut read_before = false;
+        let whole = b.first() == Some(&b'{')
+            && walk::object::<true>(b, 0, |key, at| {
+                if choices_at.is_none() && !read_before {
+                    match key {
+                        b"choices" => {
+                            choices_at = Some(key.as_ptr().addr() - b.as_ptr().addr() - 1)
+                        }
+                        b"usage" | b"error" => read_before = true,
+                        _ => {}
+                    }
+                }
+                Chunk::member(slot, data, key, at, 0)
+            })
+            .is_some_and(|end| walk::space(b, end) == b.len());
+        if whole {
+            self.head.clear();
+            if let Some(head) = choices_at.and_then(|at| b.get(..at)) {
+                self.head.extend_from_slice(head);
+            }
+            return true;
+        }
+        // What the hand reader is unsure of, serde reads.
+        serde_json::from_str::<Chunk<'a>>(data).is_ok_and(|c| {
+            *slot = c;
+            true
+        })
     }
 
     fn tool_index(&mut self, chat_index: u64) -> (usize, bool) {
@@ -754,5 +806,90 @@ mod tests {
         let mut general = Vec::new();
         d.decode_value(text, &mut general);
         assert_eq!(general, want);
+    }
+
+    /// The events `decoder` reads from `data`, a minted tool call id (one `data` does not hold)
+    /// written as `minted`.
+    fn events_of(decoder: &mut StreamDecoder, data: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        decoder.decode(sse::EventRef { event: None, data }, &mut out);
+        for e in &mut out {
+            if let Event::ToolStart { id, .. } = e {
+                if !data.contains(id.as_str()) {
+                    *id = "minted".into();
+                }
+            }
+        }
+        out
+    }
+
+    /// A stream's first chunk (read for its id) and a second, whose head is recorded.
+    fn decoder_after(first: &str, second: &str) -> StreamDecoder {
+        let mut d = StreamDecoder::default();
+        events_of(&mut d, first);
+        events_of(&mut d, second);
+        d
+    }
+
+    const HEAD: &str = r#"{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1795793584,"model":"gpt-4o-mini","system_fingerprint":"fp_1","#;
+
+    /// Chunks that begin with `HEAD`, as a stream's later chunks do.
+    fn after_head() -> Vec<String> {
+        [
+            r#""choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}"#,
+            r#""choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":null}"#,
+            r#""choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#,
+            r#""choices":[{"delta":{"reasoning":"why"}}],"error":{"message":"overloaded"}}"#,
+        ]
+        .iter()
+        .map(|rest| format!("{HEAD}{rest}"))
+        .collect()
+    }
+
+    #[test]
+    fn a_repeated_head_is_recorded_up_to_the_choices() {
+        let chunks = after_head();
+        let d = decoder_after(&chunks[0], &chunks[0]);
+        assert_eq!(d.head, HEAD.as_bytes());
+        // Not when a member the decoder reads comes before the choices: it would have to be
+        // read again.
+        let usage_first = r#"{"id":"c","usage":null,"choices":[]}"#;
+        assert!(decoder_after(&chunks[0], usage_first).head.is_empty());
+        // A chunk with another head (a provider whose ids change) records its own.
+        let other = r#"{"id":"chatcmpl-8", "choices":[]}"#;
+        assert_eq!(
+            decoder_after(&chunks[0], other).head,
+            br#"{"id":"chatcmpl-8", "#
+        );
+        // Past a recorded head the bytes are compared, not read again: a head the decoder
+        // was made to hold, which no reader would take, is passed over.
+        let mut d = decoder_after(&chunks[0], &chunks[0]);
+        d.head = br#"{"id":nul,"#.to_vec();
+        let events = events_of(
+            &mut d,
+            r#"{"id":nul,"choices":[{"delta":{"content":"x"}}]}"#,
+        );
+        assert_eq!(events, vec![Event::TextDelta("x".into())]);
+    }
+
+    /// A chunk read past the head its stream repeats gives the events a whole read gives:
+    /// every one-byte edit of chunks after it (some in the head, some past it), against a
+    /// decoder that forgot the head.
+    #[test]
+    fn a_chunk_read_past_its_head_gives_what_a_whole_read_gives() {
+        let chunks = after_head();
+        let texts: Vec<&str> = chunks.iter().map(String::as_str).collect();
+        let past_head = check::one_byte_edits(&texts, |edited| {
+            let Ok(edited) = std::str::from_utf8(edited) else {
+                return false;
+            };
+            let mut fast = decoder_after(texts[0], texts[0]);
+            let mut whole = decoder_after(texts[0], texts[0]);
+            whole.head.clear();
+            let read = events_of(&mut fast, edited);
+            assert_eq!(read, events_of(&mut whole, edited), "{edited}");
+            edited.starts_with(HEAD)
+        });
+        assert!(past_head > 5_000, "{past_head} edits past the head");
     }
 }
