@@ -202,7 +202,8 @@ struct ArgumentsDone<'a> {
     output_index: usize,
 }
 
-/// A `*.delta` event written from borrowed parts without a `Value` tree.
+/// A `*.delta` event as serde writes it: what [`write_delta`] writes.
+#[cfg(test)]
 #[derive(Clone, Copy, Serialize)]
 struct DeltaOut<'a> {
     #[serde(rename = "type")]
@@ -219,27 +220,59 @@ struct DeltaOut<'a> {
     logprobs: Option<[(); 0]>,
 }
 
-impl DeltaOut<'_> {
-    /// Written member by member, byte for byte as serde writes it: one per token, the
-    /// stream's hot path.
-    fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(self.kind.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        let mut o = Object::open(out);
-        o.str("type", self.kind);
-        o.some_u64("sequence_number", Some(self.sequence_number));
-        o.str("item_id", self.item_id);
-        o.some_u64("output_index", u64::try_from(self.output_index).ok());
-        o.some_u64("content_index", self.content_index.map(u64::from));
-        o.some_u64("summary_index", self.summary_index.map(u64::from));
-        o.str("delta", self.delta);
-        if self.logprobs.is_some() {
-            o.key("logprobs").extend_from_slice(b"[]");
+/// The events that carry an open item's text piece by piece: one per token, the stream's hot
+/// path. Each is written as [`DeltaOut`] is by serde, from parts that do not change while its
+/// item is open.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DeltaKind {
+    OutputText,
+    ReasoningSummary,
+    Arguments,
+}
+
+impl DeltaKind {
+    /// The event's name and its data up to the sequence number's value.
+    fn prefix(self) -> &'static [u8] {
+        match self {
+            Self::OutputText => b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":",
+            Self::ReasoningSummary => b"event: response.reasoning_summary_text.delta\ndata: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":",
+            Self::Arguments => b"event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":",
         }
-        o.close();
-        out.extend_from_slice(b"\n\n");
     }
+
+    /// What follows the delta's text.
+    fn suffix(self) -> &'static [u8] {
+        match self {
+            Self::OutputText => b",\"logprobs\":[]}\n\n",
+            Self::ReasoningSummary | Self::Arguments => b"}\n\n",
+        }
+    }
+
+    /// The members of item `item_id`'s deltas between their sequence number and their text,
+    /// up to `"delta":`, written over `out`: the same in every delta of the item, so written
+    /// once when it opens.
+    fn middle(self, item_id: &str, output_index: usize, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(b",\"item_id\":");
+        write_json_str(out, item_id);
+        out.extend_from_slice(b",\"output_index\":");
+        out.extend_from_slice(itoa::Buffer::new().format(output_index).as_bytes());
+        out.extend_from_slice(match self {
+            Self::OutputText => b",\"content_index\":0,\"delta\":",
+            Self::ReasoningSummary => b",\"summary_index\":0,\"delta\":",
+            Self::Arguments => b",\"delta\":",
+        });
+    }
+}
+
+/// Writes the delta event of `kind` numbered `seq`, carrying `delta`, with its item's `middle`
+/// ([`DeltaKind::middle`]).
+fn write_delta(out: &mut Vec<u8>, kind: DeltaKind, seq: u64, middle: &[u8], delta: &str) {
+    out.extend_from_slice(kind.prefix());
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
+    out.extend_from_slice(middle);
+    write_json_str(out, delta);
+    out.extend_from_slice(kind.suffix());
 }
 
 // === streams: responses upstream events → IR ===
@@ -533,6 +566,9 @@ pub struct StreamEncoder {
     done: bool,
     /// Set when the reply is kept ([`Self::final_slot`]).
     last: Option<FinalSlot>,
+    /// What the open item's deltas hold between their number and their text
+    /// ([`DeltaKind::middle`]).
+    delta_middle: Vec<u8>,
 }
 
 impl StreamEncoder {
@@ -552,6 +588,7 @@ impl StreamEncoder {
             usage: None,
             done: false,
             last: None,
+            delta_middle: Vec::new(),
         }
     }
 
@@ -805,7 +842,6 @@ impl StreamEncoder {
         if !matches!(ev, Event::Start { .. } | Event::Error(_)) {
             self.start(out);
         }
-        let output_index = self.output.len();
         match ev {
             Event::Start { id, created, .. } => {
                 if !id.is_empty() && !self.echo.fresh_id {
@@ -836,26 +872,18 @@ impl StreamEncoder {
                         "response.reasoning_summary_part.added",
                         &SummaryPartEvent::summary_text(&id, output_index, ""),
                     );
+                    DeltaKind::ReasoningSummary.middle(&id, output_index, &mut self.delta_middle);
                     self.open = Some(OpenItem::Reasoning {
                         id,
                         text: String::new(),
                         signature: None,
                     });
                 }
-                if let Some(OpenItem::Reasoning { id, text, .. }) = &mut self.open {
+                if let Some(OpenItem::Reasoning { text, .. }) = &mut self.open {
                     text.push_str(&t);
+                    let kind = DeltaKind::ReasoningSummary;
+                    write_delta(out, kind, self.seq, &self.delta_middle, &t);
                     self.seq += 1;
-                    DeltaOut {
-                        kind: "response.reasoning_summary_text.delta",
-                        sequence_number: self.seq - 1,
-                        item_id: id,
-                        output_index: self.output.len(),
-                        content_index: None,
-                        summary_index: Some(0),
-                        delta: &t,
-                        logprobs: None,
-                    }
-                    .write(out);
                 }
             }
             Event::ReasoningSignature(sig) => {
@@ -888,25 +916,17 @@ impl StreamEncoder {
                         "response.content_part.added",
                         &ContentPartEvent::output_text(&id, output_index, ""),
                     );
+                    DeltaKind::OutputText.middle(&id, output_index, &mut self.delta_middle);
                     self.open = Some(OpenItem::Message {
                         id,
                         text: String::new(),
                     });
                 }
-                if let Some(OpenItem::Message { id, text }) = &mut self.open {
+                if let Some(OpenItem::Message { text, .. }) = &mut self.open {
                     text.push_str(&t);
+                    let kind = DeltaKind::OutputText;
+                    write_delta(out, kind, self.seq, &self.delta_middle, &t);
                     self.seq += 1;
-                    DeltaOut {
-                        kind: "response.output_text.delta",
-                        sequence_number: self.seq - 1,
-                        item_id: id,
-                        output_index: self.output.len(),
-                        content_index: Some(0),
-                        summary_index: None,
-                        delta: &t,
-                        logprobs: Some([]),
-                    }
-                    .write(out);
                 }
             }
             Event::ToolStart {
@@ -928,6 +948,7 @@ impl StreamEncoder {
                         &json!({"output_index": output_index, "item": item}),
                     );
                 }
+                DeltaKind::Arguments.middle(&id, output_index, &mut self.delta_middle);
                 self.open = Some(OpenItem::Call {
                     id,
                     call_id,
@@ -945,20 +966,11 @@ impl StreamEncoder {
                     kind: Some(ClientTool::Custom { .. } | ClientTool::LocalShell),
                     ..
                 }) if *tool == index => args.push_str(&fragment),
-                Some(OpenItem::Call { id, args, tool, .. }) if *tool == index => {
+                Some(OpenItem::Call { args, tool, .. }) if *tool == index => {
                     args.push_str(&fragment);
+                    let kind = DeltaKind::Arguments;
+                    write_delta(out, kind, self.seq, &self.delta_middle, &fragment);
                     self.seq += 1;
-                    DeltaOut {
-                        kind: "response.function_call_arguments.delta",
-                        sequence_number: self.seq - 1,
-                        item_id: id,
-                        output_index,
-                        content_index: None,
-                        summary_index: None,
-                        delta: &fragment,
-                        logprobs: None,
-                    }
-                    .write(out);
                 }
                 _ => self.late_args(index, &fragment, out),
             },
@@ -1244,14 +1256,33 @@ mod tests {
 
     #[test]
     fn deltas_written_by_hand_are_serdes_bytes() {
-        for text in AWKWARD_TEXTS {
-            for (content_index, summary_index, logprobs) in [
-                (Some(0), None, Some([])),
-                (None, Some(3), None),
-                (None, None, None),
-            ] {
+        let kinds = [
+            (
+                DeltaKind::OutputText,
+                "response.output_text.delta",
+                Some(0),
+                None,
+                Some([]),
+            ),
+            (
+                DeltaKind::ReasoningSummary,
+                "response.reasoning_summary_text.delta",
+                None,
+                Some(0),
+                None,
+            ),
+            (
+                DeltaKind::Arguments,
+                "response.function_call_arguments.delta",
+                None,
+                None,
+                None,
+            ),
+        ];
+        for (kind, name, content_index, summary_index, logprobs) in kinds {
+            for text in AWKWARD_TEXTS {
                 let d = DeltaOut {
-                    kind: "response.output_text.delta",
+                    kind: name,
                     sequence_number: 12345,
                     item_id: text,
                     output_index: 7,
@@ -1262,11 +1293,13 @@ mod tests {
                 };
                 let mut want = Vec::new();
                 sse::write_json_event(&mut want, Some(d.kind), &d);
-                let mut got = Vec::new();
-                d.write(&mut got);
+                let mut middle = b"left from an earlier item".to_vec();
+                kind.middle(text, 7, &mut middle);
+                let mut got = b"before".to_vec();
+                write_delta(&mut got, kind, 12345, &middle, text);
                 assert_eq!(
                     String::from_utf8(got).unwrap(),
-                    String::from_utf8(want).unwrap()
+                    format!("before{}", String::from_utf8(want).unwrap())
                 );
             }
         }
