@@ -567,20 +567,15 @@ impl Job {
         }
     }
 
-    /// Stores `answer` at once when the store takes it at once (the in-process one does),
-    /// polled with the stream's `cx`: `None` then. Otherwise the rest is done in a task of its
-    /// own (it finishes even if the client leaves), and the receiver says when it is done.
-    fn store(self, answer: Final, cx: &mut Context<'_>) -> Option<oneshot::Receiver<()>> {
-        let mut record = Box::pin(async move { self.record(&answer).await });
-        if record.as_mut().poll(cx).is_ready() {
-            return None;
-        }
+    /// Stores in a task of its own (it finishes even if the client leaves); the receiver
+    /// says when it is done.
+    fn spawn(self, answer: Final) -> Option<oneshot::Receiver<()>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = oneshot::channel();
         // Detached on purpose: the store write is bounded by the store's own timeout, and a
         // client that hung up after `response.completed` should still find its response.
         handle.spawn(async move {
-            record.await;
+            self.record(&answer).await;
             let _ = tx.send(());
         });
         Some(rx)
@@ -788,7 +783,7 @@ impl HttpBody for Tap {
             match this.watch.frame(data) {
                 Ok(None) => {}
                 Ok(Some(response)) => {
-                    if let Some(rx) = this.job.take().and_then(|job| job.store(response, cx)) {
+                    if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
                         this.waiting = Some((rx, frame));
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
