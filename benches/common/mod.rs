@@ -113,9 +113,12 @@ pub fn chat_reply() -> serde_json::Value {
 
 /// A 200-event chat stream: role, 190 text pieces, a tool call in 5 pieces, finish, usage, [DONE].
 pub fn chat_stream() -> Vec<Vec<u8>> {
+    // Members in the order providers write them (`json!` would sort them, `choices` first).
+    const HEAD: &str = r#"{"id":"chatcmpl-s","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp_s","#;
     let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
-        format!("data: {}\n\n", json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+        format!(
+            "data: {HEAD}\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
         .into_bytes()
     };
     let mut out = vec![chunk(
@@ -133,8 +136,10 @@ pub fn chat_stream() -> Vec<Vec<u8>> {
         ));
     }
     out.push(chunk(json!({}), json!("tool_calls")));
-    out.push(format!("data: {}\n\n", json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-        "usage": {"prompt_tokens": 612, "completion_tokens": 197, "total_tokens": 809}})).into_bytes());
+    out.push(
+        format!("data: {HEAD}\"choices\":[],\"usage\":{{\"prompt_tokens\":612,\"completion_tokens\":197,\"total_tokens\":809}}}}\n\n")
+            .into_bytes(),
+    );
     out.push(b"data: [DONE]\n\n".to_vec());
     out
 }
