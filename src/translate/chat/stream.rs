@@ -124,6 +124,7 @@ impl StreamDecoder {
             && walk::object::<true>(b, 0, |key, at| {
                 if choices_at.is_none() && !read_before {
                     match key {
+                        // `key` lies in `b`, past its opening quote.
                         b"choices" => {
                             choices_at = Some(key.as_ptr().addr() - b.as_ptr().addr() - 1)
                         }

@@ -223,7 +223,7 @@ struct DeltaOut<'a> {
 /// The events that carry an open item's text piece by piece: one per token, the stream's hot
 /// path. Each is written as [`DeltaOut`] is by serde, from parts that do not change while its
 /// item is open.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy)]
 enum DeltaKind {
     OutputText,
     ReasoningSummary,
