@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::common::*;
 use crate::ir::{self, Event, Finish, Part, Reasoning, Usage};
 use crate::json::write::Object;
+use crate::json::write_json_str;
 use crate::sse;
 use crate::translate::tools::{self, ClientTool, ToolMap};
 
@@ -251,7 +252,7 @@ struct ResponseOut<'a> {
     instructions: Echoed<'a>,
     max_output_tokens: Echoed<'a>,
     model: &'a str,
-    output: &'a [Value],
+    output: &'a [Item],
     parallel_tool_calls: Echoed<'a>,
     previous_response_id: Echoed<'a>,
     reasoning: ReasoningOut<'a>,
@@ -305,11 +306,8 @@ impl Echoed<'_> {
 }
 
 impl ResponseOut<'_> {
-    /// The object's bytes, as serde writes it: written by hand, the output items through
-    /// [`json::write_value`] (serde's writer looks up every byte of their text, a stream's
-    /// answer written three times over).
-    ///
-    /// [`json::write_value`]: crate::json::write_value
+    /// The object's bytes, as serde writes it: written by hand, the output items as they
+    /// were written when they were made.
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(1024);
         let mut o = Object::open(&mut out);
@@ -330,7 +328,7 @@ impl ResponseOut<'_> {
         self.max_output_tokens.write(o.key("max_output_tokens"));
         o.str("model", self.model);
         crate::json::write::array(o.key("output"), self.output, |x, out| {
-            crate::json::write_value(out, x);
+            out.extend_from_slice(&x.json);
         });
         self.parallel_tool_calls.write(o.key("parallel_tool_calls"));
         self.previous_response_id
@@ -364,7 +362,7 @@ impl<'a> ResponseOut<'a> {
     fn new(
         Head(id, created, model): Head<'a>,
         status: &'a str,
-        output: &'a [Value],
+        output: &'a [Item],
         finish: Option<&Finish>,
         usage: Option<&Usage>,
         echo: &'a Echo,
@@ -416,28 +414,6 @@ fn status_of(f: &Finish) -> &'static str {
     }
 }
 
-fn reasoning_item(id: &str, text: &str, signature: Option<&str>) -> Value {
-    let summary = if text.is_empty() {
-        json!([])
-    } else {
-        json!([{"type": "summary_text", "text": text}])
-    };
-    let mut item = json!({"type": "reasoning", "id": id, "summary": summary});
-    if let Some(sig) = signature {
-        item["encrypted_content"] = json!(format!("{SIG_PREFIX}{sig}"));
-    }
-    item
-}
-
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    json!({"type": "message", "id": id, "status": status, "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
-}
-
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
-}
-
 /// The item id prefix OpenAI gives each kind of call item.
 fn call_id_prefix(tool: Option<&ClientTool>) -> &'static str {
     match tool {
@@ -447,44 +423,128 @@ fn call_id_prefix(tool: Option<&ClientTool>) -> &'static str {
     }
 }
 
-/// A finished call as the item type the client declared its tool with: a `function_call`
-/// (with its `namespace` when it was declared in one), a `custom_tool_call` or a `local_shell_call`.
-fn client_call_item(
-    tool: Option<&ClientTool>,
-    id: &str,
-    call_id: &str,
-    name: &str,
-    arguments: &str,
-    status: &str,
-) -> Value {
-    match tool {
-        None => call_item(id, call_id, name, arguments, status),
-        Some(ClientTool::Namespaced { namespace, name }) => {
-            let mut item = call_item(id, call_id, name, arguments, status);
-            item["namespace"] = json!(namespace);
-            item
-        }
-        Some(ClientTool::Custom { scope }) => {
-            let mut item = json!({"type": "custom_tool_call", "id": id, "call_id": call_id,
-            "name": name, "input": tools::custom_input(arguments), "status": status});
-            if let Some((namespace, own)) = scope {
-                item["namespace"] = json!(namespace);
-                item["name"] = json!(own);
-            }
-            item
-        }
-        Some(ClientTool::LocalShell) => {
-            json!({"type": "local_shell_call", "id": id, "call_id": call_id,
-            "action": tools::local_shell_action(arguments), "status": status})
-        }
+/// An output item as a responses client gets it, written once (its members in alphabetical
+/// order, the order of the `Value` trees it replaced), and its id, which the store keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Item {
+    pub(super) id: String,
+    pub(super) json: Vec<u8>,
+}
+
+impl Serialize for Item {
+    /// The item's text, as it was written. Only the slow paths serialise an item (the mock's
+    /// reply, a failed stream's response); they check its text again.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw: &RawValue =
+            serde_json::from_slice(&self.json).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
     }
+}
+
+impl Item {
+    /// The item whose id is `id` and whose other members `write` writes, `text` bytes of
+    /// them its text.
+    fn written(id: String, text: usize, write: impl FnOnce(&mut Object<'_>, &str)) -> Self {
+        let mut json = Vec::with_capacity(160 + text);
+        let mut o = Object::open(&mut json);
+        write(&mut o, &id);
+        o.close();
+        Self { id, json }
+    }
+
+    fn reasoning(id: String, text: &str, signature: Option<&str>) -> Self {
+        Self::written(id, text.len(), |o, id| {
+            if let Some(sig) = signature {
+                o.str("encrypted_content", &format!("{SIG_PREFIX}{sig}"));
+            }
+            o.str("id", id);
+            let summary = o.key("summary");
+            if text.is_empty() {
+                summary.extend_from_slice(b"[]");
+            } else {
+                summary.extend_from_slice(b"[{\"text\":");
+                write_json_str(summary, text);
+                summary.extend_from_slice(b",\"type\":\"summary_text\"}]");
+            }
+            o.str("type", "reasoning");
+        })
+    }
+
+    fn message(id: String, text: &str, status: &str) -> Self {
+        Self::written(id, text.len(), |o, id| {
+            let content = o.key("content");
+            content.extend_from_slice(b"[{\"annotations\":[],\"logprobs\":[],\"text\":");
+            write_json_str(content, text);
+            content.extend_from_slice(b",\"type\":\"output_text\"}]");
+            o.str("id", id);
+            o.str("role", "assistant");
+            o.str("status", status);
+            o.str("type", "message");
+        })
+    }
+
+    /// A finished (or opening) call as the item type the client declared its tool with: a
+    /// `function_call` (with its `namespace` when it was declared in one), a
+    /// `custom_tool_call` or a `local_shell_call`.
+    fn call(tool: Option<&ClientTool>, id: String, call: &CallParts<'_>, status: &str) -> Self {
+        let CallParts {
+            call_id,
+            name,
+            arguments,
+        } = *call;
+        Self::written(id, arguments.len(), |o, id| match tool {
+            None | Some(ClientTool::Namespaced { .. }) => {
+                o.str("arguments", arguments);
+                o.str("call_id", call_id);
+                o.str("id", id);
+                match tool {
+                    Some(ClientTool::Namespaced { namespace, name }) => {
+                        o.str("name", name);
+                        o.str("namespace", namespace);
+                    }
+                    _ => o.str("name", name),
+                }
+                o.str("status", status);
+                o.str("type", "function_call");
+            }
+            Some(ClientTool::Custom { scope }) => {
+                o.str("call_id", call_id);
+                o.str("id", id);
+                o.str("input", &tools::custom_input(arguments));
+                match scope {
+                    Some((namespace, own)) => {
+                        o.str("name", own);
+                        o.str("namespace", namespace);
+                    }
+                    None => o.str("name", name),
+                }
+                o.str("status", status);
+                o.str("type", "custom_tool_call");
+            }
+            Some(ClientTool::LocalShell) => {
+                crate::json::write_value(o.key("action"), &tools::local_shell_action(arguments));
+                o.str("call_id", call_id);
+                o.str("id", id);
+                o.str("status", status);
+                o.str("type", "local_shell_call");
+            }
+        })
+    }
+}
+
+/// What a call item says of its call: the model's id for it, the tool's name, the arguments.
+#[derive(Clone, Copy)]
+struct CallParts<'a> {
+    call_id: &'a str,
+    name: &'a str,
+    arguments: &'a str,
 }
 
 /// A reply's output items, status and id, as a responses client gets them.
 struct ReplyParts {
     id: String,
     status: &'static str,
-    output: Vec<Value>,
+    output: Vec<Item>,
 }
 
 impl ReplyParts {
@@ -507,21 +567,37 @@ impl ReplyParts {
 }
 
 fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyParts {
+    let status = status_of(&r.finish);
+    // The item the model was writing when it was cut off is itself incomplete: the message
+    // of the text after the last other item, or that item when no text follows it.
+    let last = r
+        .content
+        .iter()
+        .rposition(|p| matches!(p, Part::Reasoning(_) | Part::ToolCall { .. }));
+    let text_last = (r.content.iter().skip(last.map_or(0, |i| i + 1)))
+        .any(|p| matches!(p, Part::Text(t) if !t.is_empty()));
+    let status_at = |i: Option<usize>| {
+        if i == last && !text_last {
+            status
+        } else {
+            "completed"
+        }
+    };
     let mut output = Vec::new();
     let mut text = String::new();
-    let flush = |text: &mut String, output: &mut Vec<Value>| {
+    let flush = |text: &mut String, output: &mut Vec<Item>, status: &str| {
         if !text.is_empty() {
-            output.push(message_item(&ir::mint_id("msg_"), text, "completed"));
+            output.push(Item::message(ir::mint_id("msg_"), text, status));
             text.clear();
         }
     };
-    for p in &r.content {
+    for (i, p) in r.content.iter().enumerate() {
         match p {
             Part::Text(t) => text.push_str(t),
             Part::Reasoning(rs) => {
-                flush(&mut text, &mut output);
-                output.push(reasoning_item(
-                    &ir::mint_id("rs_"),
+                flush(&mut text, &mut output, "completed");
+                output.push(Item::reasoning(
+                    ir::mint_id("rs_"),
                     &rs.text,
                     rs.signature.as_deref(),
                 ));
@@ -531,28 +607,20 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
                 name,
                 arguments,
             } => {
-                flush(&mut text, &mut output);
+                flush(&mut text, &mut output, "completed");
                 let tool = client_tools.get(name);
-                output.push(client_call_item(
-                    tool,
-                    &ir::mint_id(call_id_prefix(tool)),
-                    id,
+                let call = CallParts {
+                    call_id: id,
                     name,
                     arguments,
-                    "completed",
-                ));
+                };
+                let item_id = ir::mint_id(call_id_prefix(tool));
+                output.push(Item::call(tool, item_id, &call, status_at(Some(i))));
             }
             _ => {}
         }
     }
-    flush(&mut text, &mut output);
-    let status = status_of(&r.finish);
-    // The item the model was writing when it was cut off is itself incomplete.
-    if status == "incomplete" {
-        if let Some(last) = output.last_mut().filter(|i| i.get("status").is_some()) {
-            last["status"] = json!("incomplete");
-        }
-    }
+    flush(&mut text, &mut output, status);
     let id = if echo.fresh_id {
         ir::mint_id("resp_")
     } else {
@@ -598,7 +666,7 @@ pub fn response_kept(
     let last = match std::str::from_utf8(&bytes) {
         Ok(text) if echo.fresh_id => Some(Final {
             text: text.into(),
-            output: stream::item_ids(&p.output),
+            output: p.output.into_iter().map(|item| item.id).collect(),
             id: p.id,
         }),
         _ => None,
@@ -754,5 +822,177 @@ mod tests {
             text.contains(r#""tools":[ {"type": "function", "name": "f"} ]"#),
             "{text}"
         );
+    }
+
+    // The `Value` trees the typed items replaced, the reference for their bytes.
+    fn reasoning_tree(id: &str, text: &str, signature: Option<&str>) -> Value {
+        let summary = if text.is_empty() {
+            json!([])
+        } else {
+            json!([{"type": "summary_text", "text": text}])
+        };
+        let mut item = json!({"type": "reasoning", "id": id, "summary": summary});
+        if let Some(sig) = signature {
+            item["encrypted_content"] = json!(format!("{SIG_PREFIX}{sig}"));
+        }
+        item
+    }
+
+    fn message_tree(id: &str, text: &str, status: &str) -> Value {
+        json!({"type": "message", "id": id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+    }
+
+    fn call_tree(tool: Option<&ClientTool>, id: &str, c: &CallParts<'_>, status: &str) -> Value {
+        let (call_id, name, arguments) = (c.call_id, c.name, c.arguments);
+        let function = |name: &str| {
+            json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+                "arguments": arguments, "status": status})
+        };
+        match tool {
+            None => function(name),
+            Some(ClientTool::Namespaced { namespace, name }) => {
+                let mut item = function(name);
+                item["namespace"] = json!(namespace);
+                item
+            }
+            Some(ClientTool::Custom { scope }) => {
+                let mut item = json!({"type": "custom_tool_call", "id": id, "call_id": call_id,
+                    "name": name, "input": tools::custom_input(arguments), "status": status});
+                if let Some((namespace, own)) = scope {
+                    item["namespace"] = json!(namespace);
+                    item["name"] = json!(own);
+                }
+                item
+            }
+            Some(ClientTool::LocalShell) => {
+                json!({"type": "local_shell_call", "id": id, "call_id": call_id,
+                    "action": tools::local_shell_action(arguments), "status": status})
+            }
+        }
+    }
+
+    fn same(item: &Item, tree: &Value) {
+        let text = String::from_utf8(item.json.clone()).unwrap();
+        assert_eq!(text, serde_json::to_string(tree).unwrap());
+        assert_eq!(tree["id"], item.id.as_str());
+        // Serialised, an item is its text.
+        assert_eq!(serde_json::to_string(item).unwrap(), text);
+        assert_eq!(&serde_json::to_value(item).unwrap(), tree);
+    }
+
+    /// Every kind of item, written by hand, has the bytes of the tree it replaced, for
+    /// awkward ids and texts.
+    #[test]
+    fn items_are_written_as_their_trees() {
+        let texts = ["", "Hello", "a \"quoted\"\n\u{1}line \\ é 🦀"];
+        let ids = ["msg_1", "id \"with\" \\ and \u{7f}"];
+        let tools = [
+            None,
+            Some(ClientTool::Namespaced {
+                namespace: "ns \"x\"".into(),
+                name: "own".into(),
+            }),
+            Some(ClientTool::Custom { scope: None }),
+            Some(ClientTool::Custom {
+                scope: Some(("ns".into(), "own \n".into())),
+            }),
+            Some(ClientTool::LocalShell),
+        ];
+        let arguments = [
+            "",
+            r#"{"a":1,"b":"x\"y"}"#,
+            r#"{"input":"free \"form\"\n"}"#,
+            r#"{"command":["ls","-l"],"timeout_ms":5}"#,
+            "not json",
+        ];
+        for id in ids {
+            for text in texts {
+                for status in ["completed", "incomplete", "in_progress"] {
+                    same(
+                        &Item::message(id.into(), text, status),
+                        &message_tree(id, text, status),
+                    );
+                }
+                for sig in [None, Some("sig\"1"), Some("")] {
+                    same(
+                        &Item::reasoning(id.into(), text, sig),
+                        &reasoning_tree(id, text, sig),
+                    );
+                }
+                for tool in &tools {
+                    for arguments in arguments {
+                        let call = CallParts {
+                            call_id: text,
+                            name: "na\"me",
+                            arguments,
+                        };
+                        for status in ["completed", "incomplete"] {
+                            same(
+                                &Item::call(tool.as_ref(), id.into(), &call, status),
+                                &call_tree(tool.as_ref(), id, &call, status),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A cut-off reply's last item is incomplete: its last message, or its last call when no
+    /// text follows it; reasoning has no status and stays as it is.
+    #[test]
+    fn the_last_item_of_a_cut_off_reply_is_incomplete() {
+        let text = |t: &str| Part::Text(t.into());
+        let call = || Part::ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        };
+        let reasoning = || {
+            Part::Reasoning(Reasoning {
+                text: "why".into(),
+                signature: None,
+                redacted: None,
+            })
+        };
+        let cases: [(Vec<Part>, &[&str]); 7] = [
+            (vec![text("a")], &["incomplete"]),
+            (vec![text("a"), call()], &["completed", "incomplete"]),
+            (vec![call(), text("")], &["incomplete"]),
+            (
+                vec![call(), text(""), text("b")],
+                &["completed", "incomplete"],
+            ),
+            (vec![call(), call()], &["completed", "incomplete"]),
+            (vec![call(), reasoning()], &["completed", "-"]),
+            (
+                vec![reasoning(), text("a"), text("b")],
+                &["-", "incomplete"],
+            ),
+        ];
+        for (content, statuses) in cases {
+            for finish in [Finish::MaxTokens, Finish::ContentFilter, Finish::EndTurn] {
+                let r = ir::Response {
+                    content: content.clone(),
+                    finish: finish.clone(),
+                    ..ir::Response::default()
+                };
+                let p = reply_parts(&r, &Echo::default(), &ToolMap::default());
+                let got: Vec<String> = (p.output.iter())
+                    .map(|i| {
+                        let tree: Value = serde_json::from_slice(&i.json).unwrap();
+                        tree["status"].as_str().unwrap_or("-").to_owned()
+                    })
+                    .collect();
+                let want: Vec<&str> = (statuses.iter())
+                    .map(|s| match (*s, &finish) {
+                        ("incomplete", Finish::EndTurn) => "completed",
+                        (s, _) => s,
+                    })
+                    .collect();
+                assert_eq!(got, want, "{content:?} {finish:?}");
+            }
+        }
     }
 }

@@ -521,13 +521,6 @@ pub struct Final {
 #[derive(Debug, Clone, Default)]
 pub struct FinalSlot(Arc<Mutex<Option<Final>>>);
 
-/// The ids of output `items`.
-pub(super) fn item_ids(items: &[Value]) -> Vec<String> {
-    (items.iter())
-        .filter_map(|item| item.get("id").and_then(Value::as_str).map(str::to_owned))
-        .collect()
-}
-
 impl FinalSlot {
     /// A slot holding `last` already (a JSON reply's).
     pub fn holding(last: Final) -> Self {
@@ -558,7 +551,7 @@ pub struct StreamEncoder {
     seq: u64,
     started: bool,
     open: Option<OpenItem>,
-    output: Vec<Value>,
+    output: Vec<Item>,
     /// IR tool index → (item id, output index) of every call item written so far.
     calls: Vec<(usize, String, usize)>,
     finish: Option<Finish>,
@@ -609,7 +602,7 @@ impl StreamEncoder {
         slot.put(Final {
             text: text.into(),
             id: self.id.clone(),
-            output: item_ids(&self.output),
+            output: self.output.iter().map(|item| item.id.clone()).collect(),
         });
     }
 
@@ -637,14 +630,12 @@ impl StreamEncoder {
         });
     }
 
-    /// `response.output_item.done`: [`ItemEvent`]'s bytes, the item's text written by hand
-    /// ([`json::write_value`]) rather than through serde's writer, which looks up every byte.
-    ///
-    /// [`json::write_value`]: crate::json::write_value
-    fn emit_item_done(&mut self, out: &mut Vec<u8>, item: &Value, output_index: usize) {
-        self.emit_with(out, "response.output_item.done", |o| {
+    /// `response.output_item.added` or `.done` (`kind`) for `item`: [`ItemEvent`]'s bytes, the
+    /// item as it was written.
+    fn emit_item(&mut self, out: &mut Vec<u8>, kind: &str, item: &Item, output_index: usize) {
+        self.emit_with(out, kind, |o| {
             o.extend_from_slice(b"{\"item\":");
-            crate::json::write_value(o, item);
+            o.extend_from_slice(&item.json);
             o.extend_from_slice(b",\"output_index\":");
             o.extend_from_slice(itoa::Buffer::new().format(output_index).as_bytes());
             o.push(b'}');
@@ -726,7 +717,7 @@ impl StreamEncoder {
                     "response.reasoning_summary_part.done",
                     &SummaryPartEvent::summary_text(&id, output_index, &text),
                 );
-                reasoning_item(&id, &text, signature.as_deref())
+                Item::reasoning(id, &text, signature.as_deref())
             }
             OpenItem::Message { id, text } => {
                 self.emit_payload(
@@ -745,7 +736,7 @@ impl StreamEncoder {
                     "response.content_part.done",
                     &ContentPartEvent::output_text(&id, output_index, &text),
                 );
-                message_item(&id, &text, status)
+                Item::message(id, &text, status)
             }
             OpenItem::Call {
                 id,
@@ -755,11 +746,17 @@ impl StreamEncoder {
                 kind,
                 ..
             } => {
-                let item = client_call_item(kind.as_ref(), &id, &call_id, &name, &args, status);
+                let call = CallParts {
+                    call_id: &call_id,
+                    name: &name,
+                    arguments: &args,
+                };
+                let item = Item::call(kind.as_ref(), id, &call, status);
+                let id = &item.id;
                 match &kind {
                     // The input is known whole only now: the model wrote it as a JSON string.
                     Some(ClientTool::Custom { .. }) => {
-                        let input = item["input"].clone();
+                        let input = tools::custom_input(&args);
                         self.emit(
                             out,
                             "response.custom_tool_call_input.delta",
@@ -774,11 +771,7 @@ impl StreamEncoder {
                     // OpenAI streams no argument events for a shell call: the item is added
                     // whole, now that its action is known.
                     Some(ClientTool::LocalShell) => {
-                        self.emit(
-                            out,
-                            "response.output_item.added",
-                            &json!({"output_index": output_index, "item": item.clone()}),
-                        );
+                        self.emit_item(out, "response.output_item.added", &item, output_index);
                     }
                     // A namespaced call is named as its namespace declared it.
                     Some(ClientTool::Namespaced { .. }) | None => {
@@ -791,7 +784,7 @@ impl StreamEncoder {
                             "response.function_call_arguments.done",
                             &ArgumentsDone {
                                 arguments: &args,
-                                item_id: &id,
+                                item_id: id,
                                 name,
                                 output_index,
                             },
@@ -801,7 +794,7 @@ impl StreamEncoder {
                 item
             }
         };
-        self.emit_item_done(out, &done, output_index);
+        self.emit_item(out, "response.output_item.done", &done, output_index);
         self.output.push(done);
     }
 
@@ -813,20 +806,23 @@ impl StreamEncoder {
             return;
         };
         let item_id = item_id.clone();
-        let Some(item) = self
-            .output
-            .get_mut(output_index)
-            .filter(|i| i["type"] == "function_call")
-        else {
+        let Some(item) = self.output.get_mut(output_index) else {
+            return;
+        };
+        // Rare enough to read the item written already and write it again.
+        let mut tree: Value = serde_json::from_slice(&item.json).unwrap_or_default();
+        if tree["type"] != "function_call" {
             // A custom or shell call was written whole; it has no argument events to extend.
             tracing::debug!(
                 tool,
                 "argument fragment after a custom or shell call closed; dropped"
             );
             return;
-        };
-        let joined = format!("{}{fragment}", item["arguments"].as_str().unwrap_or(""));
-        item["arguments"] = json!(joined);
+        }
+        let joined = format!("{}{fragment}", tree["arguments"].as_str().unwrap_or(""));
+        tree["arguments"] = json!(joined);
+        item.json.clear();
+        crate::json::write_value(&mut item.json, &tree);
         tracing::debug!(tool, "argument fragment after its item closed");
         self.emit(
             out,
@@ -940,13 +936,13 @@ impl StreamEncoder {
                 let output_index = self.output.len();
                 self.calls.push((index, id.clone(), output_index));
                 if kind != Some(ClientTool::LocalShell) {
-                    let item =
-                        client_call_item(kind.as_ref(), &id, &call_id, &name, "", "in_progress");
-                    self.emit(
-                        out,
-                        "response.output_item.added",
-                        &json!({"output_index": output_index, "item": item}),
-                    );
+                    let call = CallParts {
+                        call_id: &call_id,
+                        name: &name,
+                        arguments: "",
+                    };
+                    let item = Item::call(kind.as_ref(), id.clone(), &call, "in_progress");
+                    self.emit_item(out, "response.output_item.added", &item, output_index);
                 }
                 DeltaKind::Arguments.middle(&id, output_index, &mut self.delta_middle);
                 self.open = Some(OpenItem::Call {
@@ -1157,16 +1153,25 @@ mod tests {
     fn a_done_item_is_written_as_serde_writes_its_event() {
         for text in AWKWARD_TEXTS {
             for (i, item) in [
-                message_item("msg_1", text, "completed"),
-                reasoning_item("rs_\"2\"", text, Some(text)),
-                json!({"type": "function_call", "arguments": text, "n": [1, 2.5, null]}),
+                Item::message("msg_1".into(), text, "completed"),
+                Item::reasoning("rs_\"2\"".into(), text, Some(text)),
+                Item::call(
+                    None,
+                    "fc_3".into(),
+                    &CallParts {
+                        call_id: text,
+                        name: "f",
+                        arguments: text,
+                    },
+                    "incomplete",
+                ),
             ]
             .iter()
             .enumerate()
             {
                 let (mut by_hand, mut by_serde) = (Vec::new(), Vec::new());
                 let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
-                e.emit_item_done(&mut by_hand, item, i * 1000);
+                e.emit_item(&mut by_hand, "response.output_item.done", item, i * 1000);
                 let mut e = StreamEncoder::new("m", Arc::default(), Arc::default());
                 e.emit(
                     &mut by_serde,
