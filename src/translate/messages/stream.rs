@@ -100,6 +100,13 @@ impl StreamDecoder {
     }
 
     pub fn decode(&mut self, ev: sse::EventRef<'_>, out: &mut Vec<Event>) {
+        if let Some((kind, text)) = plain_delta(ev.data) {
+            out.push(match kind {
+                PlainDelta::Text => Event::TextDelta(text.into_owned()),
+                PlainDelta::Thinking => Event::ReasoningDelta(text.into_owned()),
+            });
+            return;
+        }
         // Read where it lies (it is large, one reader for every event type, and was moved at
         // each step of a `Result` chain), from text the event decoder has checked as UTF-8.
         let mut e = EventIn::default();
@@ -211,6 +218,51 @@ impl StreamDecoder {
     pub fn usage(&self) -> Usage {
         self.usage
     }
+}
+
+/// What a [`plain_delta`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PlainDelta {
+    Text,
+    Thinking,
+}
+
+/// A text or thinking delta written as Anthropic writes it, byte for byte: its kind and its
+/// text. Most of a stream's events are these; matched by their fixed bytes, they are not read
+/// member by member. Any other text (members reordered or spaced, more of them, an index that
+/// is no plain count) is `None`, and the general reader, which finds the same, reads it: a
+/// text delta's index names no block the decoder keeps.
+fn plain_delta(data: &str) -> Option<(PlainDelta, Cow<'_, str>)> {
+    const HEAD: &[u8] = br#"{"type":"content_block_delta","index":"#;
+    const TEXT: &[u8] = br#","delta":{"type":"text_delta","text":""#;
+    const THINKING: &[u8] = br#","delta":{"type":"thinking_delta","thinking":""#;
+    let b = data.as_bytes();
+    let index = b.get(HEAD.len()..)?;
+    let digits = index.iter().take_while(|c| c.is_ascii_digit()).count();
+    // A count as JSON writes it: no leading zero, and within 64 bits as the reader keeps it.
+    if !b.starts_with(HEAD) || !(1..=19).contains(&digits) || (digits > 1 && index[0] == b'0') {
+        return None;
+    }
+    let delta = &index[digits..];
+    let (kind, key) = if delta.starts_with(TEXT) {
+        (PlainDelta::Text, TEXT)
+    } else if delta.starts_with(THINKING) {
+        (PlainDelta::Thinking, THINKING)
+    } else {
+        return None;
+    };
+    let open = HEAD.len() + digits + key.len();
+    let (end, escaped) = crate::json::walk::string::<true>(b, open)?;
+    if b.get(end..end + 2) != Some(b"}}") || crate::json::walk::space(b, end + 2) != b.len() {
+        return None;
+    }
+    let text = if escaped {
+        // Unescaped by serde, which refuses a lone surrogate as the general read would.
+        Cow::Owned(serde_json::from_str::<String>(data.get(open - 1..end)?).ok()?)
+    } else {
+        Cow::Borrowed(data.get(open..end - 1)?)
+    };
+    Some((kind, text))
 }
 
 // === streams: IR events → messages client events ===
@@ -865,6 +917,8 @@ mod tests {
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}"#,
             r#"{"type":"content_block_start","index":2,"content_block":{"type":"redacted_thinking","data":"EmwK"}}"#,
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello \u00e9"}}"#,
+            r#"{"type":"content_block_delta","index":10,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"thinking_delta","thinking":"so \"x\""}}"#,
             r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
             r#"{"type":"content_block_delta","index":3,"delta":{"type":"signature_delta","signature":"Eq"}}"#,
             r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":9,"output_tokens_details":{"thinking_tokens":4}}}"#,
@@ -895,6 +949,58 @@ mod tests {
             compared += hand::check::one_byte_edits(&events, check);
         }
         assert!(compared > 5_000, "only {compared} edits compared");
+    }
+
+    /// Deltas as Anthropic writes them are matched whole; anything else is left to the reader.
+    #[test]
+    fn plain_deltas_are_matched_by_their_bytes() {
+        let text = |t: &str| Some((PlainDelta::Text, t.to_owned()));
+        let cases = [
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                text("Hi"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":17,"delta":{"type":"text_delta","text":"a\nb \u00e9"}}"#,
+                text("a\nb é"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":3,"delta":{"type":"thinking_delta","thinking":""}} "#,
+                Some((PlainDelta::Thinking, String::new())),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":01,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"},"x":1}"#,
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi","text":"Ho"}}"#,
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\ud800"}}"#,
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"s"}}"#,
+                None,
+            ),
+            (
+                r#" {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                None,
+            ),
+        ];
+        for (data, want) in cases {
+            let got = plain_delta(data).map(|(k, t)| (k, t.into_owned()));
+            assert_eq!(got, want, "{data}");
+        }
     }
 
     #[test]
