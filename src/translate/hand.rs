@@ -110,18 +110,25 @@ enum Scalar<'a> {
     Str(Cow<'a, str>),
 }
 
+/// Reads the string whose opening quote is at `at` as serde reads it, and where it ends:
+/// borrowed from `text`, or unescaped when it has an escape.
+pub fn string(text: &str, at: usize) -> Option<(Cow<'_, str>, usize)> {
+    let (end, escaped) = walk::string::<true>(text.as_bytes(), at + 1)?;
+    let s = if escaped {
+        // Unescaped by serde, which also refuses a lone surrogate as its read would.
+        Cow::Owned(serde_json::from_str::<String>(text.get(at..end)?).ok()?)
+    } else {
+        Cow::Borrowed(text.get(at + 1..end - 1)?)
+    };
+    Some((s, end))
+}
+
 /// Reads the scalar at `at` as serde reads it into a [`Loose`]; `None` for a container.
 fn scalar(text: &str, at: usize) -> Option<(Scalar<'_>, usize)> {
     let b = text.as_bytes();
     Some(match *b.get(at)? {
         b'"' => {
-            let (end, escaped) = walk::string::<true>(b, at + 1)?;
-            let s = if escaped {
-                // Unescaped by serde, which also refuses a lone surrogate as its read would.
-                Cow::Owned(serde_json::from_str::<String>(text.get(at..end)?).ok()?)
-            } else {
-                Cow::Borrowed(text.get(at + 1..end - 1)?)
-            };
+            let (s, end) = string(text, at)?;
             (Scalar::Str(s), end)
         }
         b't' => (Scalar::Bool(true), literal(b, at, b"true")?),

@@ -1,5 +1,7 @@
 //! Chat Completions streams: upstream chunks → IR events, and IR events → chunks for a chat client.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 #[cfg(test)]
 use serde::Serialize;
@@ -109,7 +111,7 @@ impl StreamDecoder {
             // The members the head holds were checked as skipped when it was recorded, and
             // the walk past the same bytes ends where it ended then, at the `choices` key.
             let end = walk::members::<true>(b, self.head.len(), |key, at| {
-                Chunk::member(slot, data, key, at, 0)
+                chunk_member(slot, data, key, at)
             });
             if end.is_some_and(|end| walk::space(b, end) == b.len()) {
                 return true;
@@ -132,7 +134,7 @@ impl StreamDecoder {
                         _ => {}
                     }
                 }
-                Chunk::member(slot, data, key, at, 0)
+                chunk_member(slot, data, key, at)
             })
             .is_some_and(|end| walk::space(b, end) == b.len());
         if whole {
@@ -313,6 +315,44 @@ impl StreamDecoder {
 /// Reads a chunk into `slot`, which holds the default, where it lies (a chunk is some 200
 /// bytes, moved at each step of an `Option` chain): by hand, or by serde when the hand reader is
 /// unsure. False when neither reads it.
+/// Reads member `key` of a chunk after the first, at `at`, into `slot`: `choices` carrying
+/// only text as providers write it ([`plain_choices`]) matched by its bytes, anything else read
+/// by hand. Where it ends, or `None` when the reader is unsure.
+fn chunk_member<'a>(slot: &mut Chunk<'a>, data: &'a str, key: &[u8], at: usize) -> Option<usize> {
+    if key == b"choices" {
+        if let Some((text, end)) = plain_choices(data, at) {
+            // What reading them finds: a later `choices` replaces an earlier one whole.
+            slot.choices = First(Some(ChunkChoice {
+                delta: Delta {
+                    content: Loose::Str(text),
+                    ..Delta::default()
+                },
+                finish_reason: Loose::Null,
+                ..ChunkChoice::default()
+            }));
+            return Some(end);
+        }
+    }
+    Chunk::member(slot, data, key, at, 0)
+}
+
+/// The text of `choices` at `at` written as OpenAI (and DeepSeek, Groq, vLLM, …) write a chunk
+/// that only carries text, byte for byte, and where the array ends. Most of a stream's chunks
+/// are these; matched by their fixed bytes, they are not read member by member. Any other
+/// text is `None`, for the reader, which finds the same.
+fn plain_choices(data: &str, at: usize) -> Option<(Cow<'_, str>, usize)> {
+    const OPEN: &[u8] = br#"[{"index":0,"delta":{"content":""#;
+    const CLOSE: &[u8] = br#"},"logprobs":null,"finish_reason":null}]"#;
+    let b = data.as_bytes();
+    if !b.get(at..)?.starts_with(OPEN) {
+        return None;
+    }
+    let (text, end) = hand::string(data, at + OPEN.len() - 1)?;
+    b.get(end..)?
+        .starts_with(CLOSE)
+        .then_some((text, end + CLOSE.len()))
+}
+
 fn read_chunk<'a, C: Hand<'a> + Deserialize<'a>>(slot: &mut C, data: &'a str) -> bool {
     hand::object_into(slot, data)
         || serde_json::from_str::<C>(data).is_ok_and(|c| {
@@ -724,6 +764,54 @@ mod tests {
             }
         }
         assert!(read > 50, "{read} chunks");
+    }
+
+    /// A chunk after the first read member by member, each by `member`: what it holds, or
+    /// `None` when the walk is unsure.
+    fn read_by(
+        data: &str,
+        mut member: impl for<'a> FnMut(&mut Chunk<'a>, &'a str, &[u8], usize) -> Option<usize>,
+    ) -> Option<String> {
+        let b = data.as_bytes();
+        let mut slot = Chunk::default();
+        let end = (b.first() == Some(&b'{'))
+            .then(|| walk::object::<true>(b, 0, |key, at| member(&mut slot, data, key, at)))??;
+        (walk::space(b, end) == b.len()).then(|| format!("{slot:?}"))
+    }
+
+    /// Choices matched by their bytes hold what reading them holds: every one-byte edit of
+    /// chunks that carry them, first or after other choices, against the reader alone.
+    #[test]
+    fn plain_choices_hold_what_reading_them_holds() {
+        let chunks = [
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"Hi \u00e9 \"q\""},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null}],"choices":[{"delta":{"content":"b"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"delta":{"refusal":"no"},"finish_reason":"stop"}],"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}],"obfuscation":"x"}"#,
+        ];
+        let matched = std::cell::Cell::new(0);
+        let compared = check::one_byte_edits(&chunks, |edited| {
+            let Ok(edited) = std::str::from_utf8(edited) else {
+                return false;
+            };
+            let general = read_by(edited, |slot, data, key, at| {
+                Chunk::member(slot, data, key, at, 0)
+            });
+            assert_eq!(read_by(edited, chunk_member), general, "{edited}");
+            let b = edited.as_bytes();
+            let found = (0..b.len())
+                .filter(|&at| {
+                    b[at..].starts_with(b"[{\"index\"") && plain_choices(edited, at).is_some()
+                })
+                .count();
+            matched.set(matched.get() + found);
+            general.is_some()
+        });
+        assert!(compared > 3_000, "only {compared} edits read");
+        let matched = matched.get();
+        assert!(
+            matched > 2_000,
+            "only {matched} choices matched by their bytes"
+        );
     }
 
     /// Every one-byte edit of the chunks: the reader never answers otherwise than serde.

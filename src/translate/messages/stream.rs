@@ -251,18 +251,9 @@ fn plain_delta(data: &str) -> Option<(PlainDelta, Cow<'_, str>)> {
     } else {
         return None;
     };
-    let open = HEAD.len() + digits + key.len();
-    let (end, escaped) = crate::json::walk::string::<true>(b, open)?;
-    if b.get(end..end + 2) != Some(b"}}") || crate::json::walk::space(b, end + 2) != b.len() {
-        return None;
-    }
-    let text = if escaped {
-        // Unescaped by serde, which refuses a lone surrogate as the general read would.
-        Cow::Owned(serde_json::from_str::<String>(data.get(open - 1..end)?).ok()?)
-    } else {
-        Cow::Borrowed(data.get(open..end - 1)?)
-    };
-    Some((kind, text))
+    let (text, end) = hand::string(data, HEAD.len() + digits + key.len() - 1)?;
+    let closed = b.get(end..end + 2) == Some(b"}}");
+    (closed && crate::json::walk::space(b, end + 2) == b.len()).then_some((kind, text))
 }
 
 // === streams: IR events → messages client events ===
