@@ -264,20 +264,30 @@ pub fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The last `out.len()` hex digits of `n`, lowercase.
+fn hex_digits(out: &mut [u8], mut n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for d in out.iter_mut().rev() {
+        *d = HEX[(n & 15) as usize];
+        n >>= 4;
+    }
+}
+
 /// A fresh id with a protocol's prefix (`msg_`, `resp_`, `chatcmpl-`, `toolu_`, `fc_`, …).
 pub fn mint_id(prefix: &str) -> String {
     // `{prefix}{:016x}{:08x}` of a random u64 and u32, written without the formatter: every
     // translated answer mints one or more.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let (high, low) = (fastrand::u64(..), fastrand::u32(..));
+    // The digits go to a buffer, last first, and onto the string at once: pushed one by one,
+    // each would be encoded as a `char` and its capacity checked (a history of 40 items mints
+    // 40 ids).
+    let mut digits = [0u8; 24];
+    let (high, low) = digits.split_at_mut(16);
+    hex_digits(high, fastrand::u64(..));
+    hex_digits(low, u64::from(fastrand::u32(..)));
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
-    for shift in (0..16).rev() {
-        id.push(char::from(HEX[(high >> (shift * 4)) as usize & 15]));
-    }
-    for shift in (0..8).rev() {
-        id.push(char::from(HEX[(low >> (shift * 4)) as usize & 15]));
-    }
+    // Hex digits are ASCII.
+    id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
     id
 }
 
