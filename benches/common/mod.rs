@@ -113,11 +113,12 @@ pub fn chat_reply() -> serde_json::Value {
 
 /// A 200-event chat stream: role, 190 text pieces, a tool call in 5 pieces, finish, usage, [DONE].
 pub fn chat_stream() -> Vec<Vec<u8>> {
-    // Members in the order providers write them (`json!` would sort them, `choices` first).
+    // Members in the order providers write them (`json!` would sort them, `choices` first),
+    // a choice's `logprobs` as OpenAI writes it, `null`, in every chunk.
     const HEAD: &str = r#"{"id":"chatcmpl-s","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp_s","#;
     let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
         format!(
-            "data: {HEAD}\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+            "data: {HEAD}\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
         )
         .into_bytes()
     };
