@@ -1221,6 +1221,62 @@ mod tests {
         }
     }
 
+    /// The data of each event named `kind` in `out`, read.
+    fn events_named(out: &[u8], kind: &str) -> Vec<Value> {
+        let text = std::str::from_utf8(out).unwrap();
+        (text.split("\n\n"))
+            .filter(|e| e.starts_with(&format!("event: {kind}\n")))
+            .map(|e| serde_json::from_str(e.split_once("data: ").unwrap().1).unwrap())
+            .collect()
+    }
+
+    /// An argument fragment for a call item already closed goes out as a delta naming it, and
+    /// the item in the final response is written again with it; a custom call's is dropped.
+    #[test]
+    fn a_late_argument_fragment_extends_its_closed_call_item() {
+        let mut tools = ToolMap::default();
+        tools.insert("free".into(), ClientTool::Custom { scope: None });
+        let mut e = StreamEncoder::new("m", Arc::default(), Arc::new(tools));
+        let mut out = Vec::new();
+        let call = |index: usize, name: &str| Event::ToolStart {
+            index,
+            id: format!("call_{index}"),
+            name: name.into(),
+        };
+        let args = |index: usize, fragment: &str| Event::ToolArgs {
+            index,
+            fragment: fragment.into(),
+        };
+        for ev in [
+            call(0, "f"),
+            args(0, r#"{"a""#),
+            call(1, "free"),
+            args(1, r#"{"input":"x"}"#),
+            Event::TextDelta("then".into()),
+            args(0, r#":"é\"}"#),
+            args(1, "ignored"),
+            Event::Finish(Finish::ToolUse),
+            Event::End,
+        ] {
+            e.encode(ev, &mut out);
+        }
+        let late = events_named(&out, "response.function_call_arguments.delta");
+        let late = late.last().unwrap();
+        assert_eq!(late["delta"], r#":"é\"}"#);
+        assert_eq!(late["output_index"], 0);
+        let done = events_named(&out, "response.completed");
+        let output = &done[0]["response"]["output"];
+        assert_eq!(output[0]["arguments"], r#"{"a":"é\"}"#);
+        assert_eq!(output[0]["type"], "function_call");
+        assert_eq!(output[1]["type"], "custom_tool_call");
+        assert_eq!(output[1]["input"], "x");
+        assert_eq!(output[2]["content"][0]["text"], "then");
+        // Written again as it was first written: members in order, as a tree writes them.
+        let text = String::from_utf8(out).unwrap();
+        let item = serde_json::to_string(&output[0]).unwrap();
+        assert!(text.contains(&item), "{item}");
+    }
+
     fn decoded(event: Option<&str>, data: &str) -> Vec<Event> {
         let mut out = Vec::new();
         StreamDecoder::default().decode(sse::EventRef { event, data }, &mut out);
