@@ -312,9 +312,6 @@ impl StreamDecoder {
     }
 }
 
-/// Reads a chunk into `slot`, which holds the default, where it lies (a chunk is some 200
-/// bytes, moved at each step of an `Option` chain): by hand, or by serde when the hand reader is
-/// unsure. False when neither reads it.
 /// Reads member `key` of a chunk after the first, at `at`, into `slot`: `choices` carrying
 /// only text as providers write it ([`plain_choices`]) matched by its bytes, anything else read
 /// by hand. Where it ends, or `None` when the reader is unsure.
@@ -353,6 +350,9 @@ fn plain_choices(data: &str, at: usize) -> Option<(Cow<'_, str>, usize)> {
         .then_some((text, end + CLOSE.len()))
 }
 
+/// Reads a chunk into `slot`, which holds the default, where it lies (a chunk is some 200
+/// bytes, moved at each step of an `Option` chain): by hand, or by serde when the hand reader is
+/// unsure. False when neither reads it.
 fn read_chunk<'a, C: Hand<'a> + Deserialize<'a>>(slot: &mut C, data: &'a str) -> bool {
     hand::object_into(slot, data)
         || serde_json::from_str::<C>(data).is_ok_and(|c| {
