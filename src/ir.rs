@@ -273,17 +273,21 @@ fn hex_digits(out: &mut [u8], mut n: u64) {
     }
 }
 
-/// A fresh id with a protocol's prefix (`msg_`, `resp_`, `chatcmpl-`, `toolu_`, `fc_`, …).
-pub fn mint_id(prefix: &str) -> String {
-    // `{prefix}{:016x}{:08x}` of a random u64 and u32, written without the formatter: every
-    // translated answer mints one or more.
-    // The digits go to a buffer, last first, and onto the string at once: pushed one by one,
-    // each would be encoded as a `char` and its capacity checked (a history of 40 items mints
-    // 40 ids).
+/// 24 random lowercase hex digits, those of a random u64 then a random u32: the body of every
+/// id the gateway makes up (request ids, and the ids [`mint_id`] gives answers and items).
+pub fn random_hex() -> [u8; 24] {
     let mut digits = [0u8; 24];
     let (high, low) = digits.split_at_mut(16);
     hex_digits(high, fastrand::u64(..));
     hex_digits(low, u64::from(fastrand::u32(..)));
+    digits
+}
+
+/// A fresh id with a protocol's prefix (`msg_`, `resp_`, `chatcmpl-`, `toolu_`, `fc_`, …).
+pub fn mint_id(prefix: &str) -> String {
+    // Written without the formatter, the digits pushed at once rather than as 24 `char`s:
+    // every translated answer mints one or more, a history of 40 items 40.
+    let digits = random_hex();
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
     // Hex digits are ASCII.

@@ -257,12 +257,8 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         }
     }
     // `req_` and 24 hex digits, written by hand: this runs on every request.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = *b"req_000000000000000000000000";
-    let bits = (u128::from(fastrand::u64(..)) << 32) | u128::from(fastrand::u32(..));
-    for (i, b) in id[4..].iter_mut().enumerate() {
-        *b = HEX[((bits >> (4 * (23 - i))) & 0xf) as usize];
-    }
+    id[4..].copy_from_slice(&crate::ir::random_hex());
     HeaderValue::from_maybe_shared(Bytes::from_owner(id))
         .unwrap_or_else(|_| HeaderValue::from_static("req_unknown"))
 }

@@ -576,8 +576,8 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
         .rposition(|p| matches!(p, Part::Reasoning(_) | Part::ToolCall { .. }));
     let text_last = (r.content.iter().skip(last.map_or(0, |i| i + 1)))
         .any(|p| matches!(p, Part::Text(t) if !t.is_empty()));
-    let status_at = |i: Option<usize>| {
-        if i == last && !text_last {
+    let status_at = |i: usize| {
+        if Some(i) == last && !text_last {
             status
         } else {
             "completed"
@@ -615,7 +615,7 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
                     arguments,
                 };
                 let item_id = ir::mint_id(call_id_prefix(tool));
-                output.push(Item::call(tool, item_id, &call, status_at(Some(i))));
+                output.push(Item::call(tool, item_id, &call, status_at(i)));
             }
             _ => {}
         }
