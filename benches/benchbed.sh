@@ -23,6 +23,28 @@ history_body() {
     printf '%s' "{\"model\":\"mock-gpt\",\"max_output_tokens\":64,\"instructions\":\"You are terse.\",\"input\":[${turns}{\"role\":\"user\",\"content\":\"Say hello in five words.\"}]}"
 }
 
+# The AI SDK's turn after a 40-turn conversation with `store` left on, held by the gateway on
+# port $1: each earlier answer sent back as an `item_reference` (the conversation is made first,
+# through the gateway, so the references are its own), and no `previous_response_id`.
+references_body() {
+    python3 - "$1" "$key" <<'PY'
+import json, sys, urllib.request
+port, key = sys.argv[1], sys.argv[2]
+items = []
+def ask(body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/responses", data=json.dumps(body).encode(),
+                                 headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+for turn in range(1, 41):
+    items.append({"role": "user", "content": f"Turn {turn} of a long conversation: what was said, what was asked, and what the model answered."})
+    answer = ask({"model": "mock-gpt", "max_output_tokens": 64, "instructions": "You are terse.", "input": items})
+    items += [{"type": "item_reference", "id": item["id"]} for item in answer["output"]]
+items.append({"role": "user", "content": "Say hello in five words."})
+print(json.dumps({"model": "mock-gpt", "max_output_tokens": 64, "instructions": "You are terse.", "input": items}, separators=(",", ":")))
+PY
+}
+
 # A body with "stream":true added as its last member.
 streamed() { printf '%s' "${1%\}},\"stream\":true}"; }
 
@@ -43,8 +65,9 @@ gateway_config() {
 
 # Sets body and path to the request of kind $1: json (the default), stream, messages,
 # messages-stream, responses, responses-stream, responses-history (a Responses request with a
-# 40-turn history), or claude and claude-stream (the chat request for the mock's messages
-# upstream, its reply translated back to chat).
+# 40-turn history), responses-references (the same history as the AI SDK sends it), or claude
+# and claude-stream (the chat request for the mock's messages upstream, its reply translated
+# back to chat).
 request_of() {
     body=$chat_body path=/v1/chat/completions
     case ${1:-json} in
@@ -56,6 +79,8 @@ request_of() {
         messages-stream) body=$(streamed "$messages_body") path=/v1/messages ;;
         responses-stream) body=$(streamed "$responses_body") path=/v1/responses ;;
         responses-history) body=$(history_body) path=/v1/responses ;;
+        # Made once the gateway is up (references_body): the references must be its own.
+        responses-references) body='' path=/v1/responses ;;
     esac
 }
 

@@ -3,11 +3,13 @@
 # requests of one kind minus a run with none, so start-up and shutdown cancel out. Counts are
 # repeatable whatever else the machine does, unlike timings. Needs valgrind, oha, and the
 # benchbed's mock-upstream built (cd ../shared/benchbed && cargo build --release).
-#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses|responses-stream|responses-history|claude|claude-stream] [N]
+#   benches/instructions.sh [BIN] [json|stream|messages|messages-stream|responses|responses-stream|responses-history|responses-references|claude|claude-stream] [N]
 # (messages: the benchbed's S3, an Anthropic Messages request translated to the chat upstream;
 # messages-stream: the same request streamed, the mock's 23 chat events translated to Anthropic's;
 # responses-stream: the same question as a streamed Responses request, translated likewise;
-# claude: the benchbed's chat request for the mock's messages upstream, translated both ways)
+# claude: the benchbed's chat request for the mock's messages upstream, translated both ways;
+# responses-references: after a 40-turn conversation made through the gateway first, in both
+# runs, the next turn as the AI SDK sends it, each earlier answer an `item_reference`)
 # With CG_KEEP=DIR the two callgrind outputs are kept there, for callgrind_annotate. GW_EXTRA is
 # appended to the config (e.g. '[server]\nworkers = 0' for the one shared runtime). With FRESH=1
 # every request opens a connection of its own (oha --disable-keepalive): what a new connection
@@ -34,6 +36,7 @@ count() {
         > "$work/gw.log" 2>&1 &
     local pid=$!
     wait_ready "$gport"
+    if [ "$kind" = responses-references ]; then body=$(references_body "$gport"); fi
     # One warm-up request in both runs: the first request's one-time costs cancel out too.
     curl -s -o /dev/null -H "authorization: Bearer $key" -H 'content-type: application/json' \
         -d "$body" "http://127.0.0.1:$gport$path"

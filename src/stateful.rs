@@ -11,6 +11,7 @@
 //! than only within the `previous_response_id` chain, because the AI SDK sends references with
 //! its whole history and no `previous_response_id` at all.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -30,6 +32,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::json::RawObject;
 use crate::sse::{EventRef, EventTooLarge, SseDecoder};
 use crate::store::{RedisStore, StoreError};
+use crate::translate::hand;
 use crate::translate::lax::{self, lax_struct, Loose, Spanned};
 use crate::translate::responses::{Final, FinalSlot};
 
@@ -218,38 +221,41 @@ impl ResponseStore {
         }
     }
 
-    /// The stored item with id `item` among `key`'s translated responses.
-    pub async fn item(&self, key: &str, item: &str) -> Result<Option<Value>, StoreError> {
-        let Some(response_id) = self.get_raw(key, Kind::Item, item).await? else {
-            return Ok(None);
-        };
-        Ok(match self.get(key, &response_id).await? {
-            Some(Record::Translated { response, input }) => find_item(&response, &input, item),
-            _ => None,
-        })
+    /// The entries of several ids of one kind, in the order of `ids`, in one round trip to
+    /// Redis: a turn of the AI SDK's sends a reference for every earlier item it got.
+    async fn get_raw_all(
+        &self,
+        key: &str,
+        kind: Kind,
+        ids: &[&str],
+    ) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+        let valid = |id: &str| !id.is_empty() && id.len() <= MAX_ID_LEN;
+        match &self.backend {
+            Backend::Local(c) => {
+                let mut found = Vec::with_capacity(ids.len());
+                for id in ids {
+                    found.push(match valid(id) {
+                        true => c.get(&Self::local_key(key, kind, id)).await,
+                        false => None,
+                    });
+                }
+                Ok(found)
+            }
+            Backend::Redis(r) => {
+                let asked: Vec<String> = (ids.iter().filter(|id| valid(id)))
+                    .map(|id| Self::redis_key(key, kind, id))
+                    .collect();
+                let mut answers = r.get_all(&asked).await?.into_iter();
+                Ok(ids
+                    .iter()
+                    .map(|id| match valid(id) {
+                        true => answers.next().flatten().map(Arc::from),
+                        false => None,
+                    })
+                    .collect())
+            }
+        }
     }
-}
-
-/// An item by id among a translated response's input and output items.
-fn find_item(response: &Value, input: &[Value], id: &str) -> Option<Value> {
-    let output = response
-        .get("output")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
-    input
-        .iter()
-        .chain(output)
-        .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
-        .cloned()
-}
-
-/// The items a translated response continues from: its input, then its output, in order.
-fn history(response: &Value, input: Vec<Value>) -> Vec<Value> {
-    let mut items = input;
-    if let Some(output) = response.get("output").and_then(Value::as_array) {
-        items.extend(output.iter().cloned());
-    }
-    items
 }
 
 /// A responses request after its stored state was looked up.
@@ -319,61 +325,176 @@ pub async fn prepare(
     if previous.is_none() && !references {
         return Ok(prepared);
     }
-    let mut items: Vec<Value> = Vec::new();
-    if let Some(id) = &previous {
-        match store.get(key, id).await.map_err(|e| store_failed(&e))? {
-            None => {
-                return Err(GatewayError::new(
-                    ErrorKind::PreviousResponseNotFound,
-                    format!("Previous response with id '{}' not found.", printable(id)),
-                )
-                .with_param("previous_response_id"))
+    let previous_text = match &previous {
+        None => None,
+        Some(id) => {
+            match (store.get_raw(key, Kind::Response, id).await).map_err(|e| store_failed(&e))? {
+                Some(text) => Some(text),
+                None => {
+                    return Err(GatewayError::new(
+                        ErrorKind::PreviousResponseNotFound,
+                        format!("Previous response with id '{}' not found.", printable(id)),
+                    )
+                    .with_param("previous_response_id"))
+                }
             }
-            Some(Record::Passthrough { upstream }) => prepared.pinned = Some(upstream),
-            Some(Record::Translated { response, input }) => items = history(&response, input),
         }
-    }
+    };
+    let previous_record = (previous_text.as_deref().map(StoredRecord::read))
+        .transpose()
+        .map_err(|e| store_failed(&e))?;
     // A passthrough conversation lives upstream: its references are the upstream's too.
-    if prepared.pinned.is_some() {
+    if let Some(StoredRecord::Passthrough(upstream)) = previous_record {
+        prepared.pinned = Some(upstream);
         return Ok(prepared);
     }
-    prepared.own_from = items.len();
-    let own = match input_raw.map(serde_json::from_str::<Value>) {
-        None => Vec::new(),
-        Some(Ok(Value::String(s))) => vec![user_message(s)],
-        Some(Ok(Value::Array(a))) => a,
+    let history: Vec<&ItemSpan<'_>> = previous_record
+        .iter()
+        .flat_map(StoredRecord::items)
+        .collect();
+    let own = match input_raw {
+        None => Loose::Absent,
+        Some(text) => (hand::value(text))
+            .or_else(|| serde_json::from_str(text).ok())
+            .unwrap_or_default(),
+    };
+    let own_items = match &own {
+        Loose::Absent | Loose::Null | Loose::Str(_) => &[][..],
+        Loose::Arr(items) => items.as_slice(),
         // Anything else is the translator's to refuse, with its own message.
-        Some(_) if previous.is_none() => return Ok(prepared),
-        Some(_) => {
+        _ if previous.is_none() => return Ok(prepared),
+        _ => {
             return Err(GatewayError::invalid(
                 "input",
                 "`input` must be a string or an array of items",
             ))
         }
     };
-    for mut item in own {
-        if item.get("type").and_then(Value::as_str) == Some("item_reference") {
-            if let Some(id) = item.get("id").and_then(Value::as_str) {
-                let found = match items
-                    .iter()
-                    .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
-                {
-                    Some(i) => Some(i.clone()),
-                    None => store.item(key, id).await.map_err(|e| store_failed(&e))?,
-                };
-                if let Some(found) = found {
-                    item = found;
+    // References to items neither the history nor an item before them holds are looked up in
+    // the key's item index, all at once, and each record holding one is read once.
+    let mut seen: HashSet<&str> = history.iter().filter_map(|i| i.typed.id.as_str()).collect();
+    let mut wanted = Vec::new();
+    for item in own_items {
+        match (reference(item), item.typed.id.as_str()) {
+            (Some(id), _) => {
+                if seen.insert(id) {
+                    wanted.push(id);
                 }
             }
+            (None, Some(id)) => {
+                seen.insert(id);
+            }
+            (None, None) => {}
         }
-        items.push(item);
     }
+    let holders =
+        (store.get_raw_all(key, Kind::Item, &wanted).await).map_err(|e| store_failed(&e))?;
+    let mut responses: Vec<&str> = Vec::new();
+    for holder in holders.iter().flatten() {
+        if !responses.contains(&&**holder) {
+            responses.push(holder);
+        }
+    }
+    let texts =
+        (store.get_raw_all(key, Kind::Response, &responses).await).map_err(|e| store_failed(&e))?;
+    let records = (texts.iter())
+        .map(|text| text.as_deref().map(StoredRecord::read).transpose())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| store_failed(&e))?;
+    // A record no longer kept (or a passthrough one) holds no item the gateway knows.
+    let found: Vec<HashMap<&str, &str>> = (records.iter())
+        .map(|r| {
+            r.as_ref()
+                .map(|r| first_by_id(r.items()))
+                .unwrap_or_default()
+        })
+        .collect();
+    let mut resolved: HashMap<&str, &str> = HashMap::with_capacity(wanted.len());
+    for (id, holder) in wanted.iter().zip(&holders) {
+        let text = (holder.as_deref())
+            .and_then(|h| responses.iter().position(|r| *r == h))
+            .and_then(|at| found.get(at)?.get(id));
+        if let Some(text) = text {
+            resolved.insert(id, text);
+        }
+    }
+    prepared.own_from = history.len();
+    let input = expanded(&history, &own, own_items, &resolved);
     let mut body = obj.clone();
     body.remove("previous_response_id");
-    body.set("input", crate::json::to_raw(&items));
+    body.set_text("input", input);
     prepared.body = Bytes::from(body.to_vec());
     prepared.rewritten = true;
     Ok(prepared)
+}
+
+/// An item as read for continuing a conversation: its text, its id and type.
+type ItemSpan<'a> = Spanned<'a, ItemHead<'a>>;
+
+/// The id an `item_reference` item refers to.
+fn reference<'i>(item: &'i ItemSpan<'_>) -> Option<&'i str> {
+    match item.typed.kind.as_str() {
+        Some("item_reference") => item.typed.id.as_str(),
+        _ => None,
+    }
+}
+
+/// Each id's first item's text, as a search from the front finds it.
+fn first_by_id<'i, 'a: 'i>(
+    items: impl Iterator<Item = &'i ItemSpan<'a>>,
+) -> HashMap<&'i str, &'a str> {
+    let mut by_id = HashMap::new();
+    for item in items {
+        if let (Some(id), Some(text)) = (item.typed.id.as_str(), item.text) {
+            by_id.entry(id).or_insert(text);
+        }
+    }
+    by_id
+}
+
+/// The text of the `input` a continued request is planned with: the history's items, then the
+/// request's own (`own` is its `input`; `own_items` the items of an array), each reference
+/// replaced by the first earlier item with its id, else by the item the index `resolved` it
+/// to, else kept for the upstream or the translator. Every item is copied as its text.
+fn expanded(
+    history: &[&ItemSpan<'_>],
+    own: &Loose<'_, ItemSpan<'_>>,
+    own_items: &[ItemSpan<'_>],
+    resolved: &HashMap<&str, &str>,
+) -> String {
+    let size = (history.iter().copied().chain(own_items))
+        .map(|i| i.text.map_or(0, str::len) + 1)
+        .sum::<usize>();
+    let mut out = String::with_capacity(size + 2);
+    out.push('[');
+    let push = |out: &mut String, text: &str| {
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(text);
+    };
+    for item in history {
+        if let Some(text) = item.text {
+            push(&mut out, text);
+        }
+    }
+    if let Loose::Str(text) = own {
+        push(&mut out, &user_message(text, None));
+    }
+    let mut earlier = first_by_id(history.iter().copied());
+    for item in own_items {
+        let Some(text) = item.text else { continue };
+        let text = match reference(item) {
+            Some(id) => (earlier.get(id).or_else(|| resolved.get(id)).copied()).unwrap_or(text),
+            None => text,
+        };
+        push(&mut out, text);
+        if let Some(id) = item.typed.id.as_str() {
+            earlier.entry(id).or_insert(text);
+        }
+    }
+    out.push(']');
+    out
 }
 
 /// An id as it may appear in a message: printable and bounded, whatever the client sent.
@@ -382,10 +503,6 @@ fn printable(id: &str) -> String {
         .filter(|c| !c.is_control())
         .take(MAX_ID_LEN)
         .collect()
-}
-
-fn user_message(text: String) -> Value {
-    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
 
 /// Gives an input item an id when it has none, so `input_items` can page through it, and an
@@ -398,6 +515,23 @@ fn complete_item(item: &mut Value) {
         }
         obj.entry("type").or_insert_with(|| Value::from("message"));
     }
+}
+
+/// The user message a string `input` stands for, with `id` when it has one, written as serde
+/// writes its tree (members in alphabetical order).
+fn user_message(text: &str, id: Option<&str>) -> String {
+    let mut item = Vec::with_capacity(text.len() + 112);
+    item.extend_from_slice(br#"{"content":[{"text":"#);
+    crate::json::write_json_str(&mut item, text);
+    item.extend_from_slice(br#","type":"input_text"}],"#);
+    if let Some(id) = id {
+        // A minted id is letters, digits and `_`: nothing to escape.
+        item.extend_from_slice(br#""id":""#);
+        item.extend_from_slice(id.as_bytes());
+        item.extend_from_slice(br#"","#);
+    }
+    item.extend_from_slice(br#""role":"user","type":"message"}"#);
+    String::from_utf8(item).unwrap_or_default()
 }
 
 /// A new id for an item of type `kind`.
@@ -424,6 +558,61 @@ lax_struct! {
     }
 }
 
+lax_struct! {
+    /// What continuing a conversation reads of a stored record (a [`Record`]'s text): its
+    /// kind, a passthrough one's upstream, a translated one's items.
+    struct RecordFields<'a> {
+        kind: Loose<'a>,
+        upstream: Loose<'a>,
+        response: Loose<'a, IgnoredAny, ResponseOutput<'a>>,
+        input: Loose<'a, ItemSpan<'a>>,
+    }
+}
+
+lax_struct! {
+    struct ResponseOutput<'a> {
+        output: Loose<'a, ItemSpan<'a>>,
+    }
+}
+
+/// A stored record read for continuing from it, without a tree of its items: an agent's whole
+/// history is in each.
+enum StoredRecord<'a> {
+    Translated(RecordFields<'a>),
+    Passthrough(String),
+}
+
+impl<'a> StoredRecord<'a> {
+    /// Reads what [`ResponseStore::get`] would, failing where it fails.
+    fn read(text: &'a str) -> Result<Self, StoreError> {
+        let unread = || StoreError("a stored response did not parse".to_owned());
+        let fields = lax::parse::<RecordFields<'a>>(text.as_bytes()).map_err(|_| unread())?;
+        match (fields.kind.as_str(), &fields.upstream, &fields.input) {
+            (Some("passthrough"), Loose::Str(upstream), _) => {
+                Ok(Self::Passthrough(upstream.to_string()))
+            }
+            (Some("translated"), _, Loose::Arr(_)) if !matches!(fields.response, Loose::Absent) => {
+                Ok(Self::Translated(fields))
+            }
+            _ => Err(unread()),
+        }
+    }
+
+    /// A translated record's items as a continuation sees them: its input, then its output.
+    fn items(&self) -> impl Iterator<Item = &ItemSpan<'a>> {
+        let (input, output) = match self {
+            Self::Translated(f) => (
+                f.input.as_array().unwrap_or_default(),
+                (f.response.as_object())
+                    .and_then(|r| r.output.as_array())
+                    .unwrap_or_default(),
+            ),
+            Self::Passthrough(_) => (&[][..], &[][..]),
+        };
+        input.iter().chain(output)
+    }
+}
+
 /// The input items to keep for a translated response, as the text of a JSON array: the
 /// (expanded) request's `input`, each item completed ([`complete_item`]); and the ids of the
 /// items from `own_from` on. An item is kept as the client wrote it, a missing id or type
@@ -435,17 +624,10 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
     let items = match input {
         Ok(Loose::Arr(items)) => items,
         Ok(Loose::Str(text)) => {
-            // The user message it stands for, with an id, written as serde writes the tree
-            // `user_message` and `complete_item` make of it (members in order).
             let id = mint_item_id(None);
-            let mut item = Vec::with_capacity(text.len() + 112);
-            item.extend_from_slice(br#"[{"content":[{"text":"#);
-            crate::json::write_json_str(&mut item, &text);
-            item.extend_from_slice(br#","type":"input_text"}],"id":""#);
-            item.extend_from_slice(id.as_bytes());
-            item.extend_from_slice(br#"","role":"user","type":"message"}]"#);
+            let item = format!("[{}]", user_message(&text, Some(&id)));
             let ids = if own_from == 0 { vec![id] } else { Vec::new() };
-            return (String::from_utf8(item).unwrap_or_default(), ids);
+            return (item, ids);
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
@@ -904,6 +1086,10 @@ mod tests {
 
     use super::*;
 
+    fn user_message_tree(text: String) -> Value {
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    }
+
     fn ev<'a>(event: Option<&'a str>, data: &'a str) -> EventRef<'a> {
         EventRef { event, data }
     }
@@ -945,7 +1131,7 @@ mod tests {
             .ok()
             .and_then(|o| o.get_present("input").map(|r| r.get().to_owned()));
         let mut items = match input.as_deref().map(serde_json::from_str::<Value>) {
-            Some(Ok(Value::String(s))) => vec![user_message(s)],
+            Some(Ok(Value::String(s))) => vec![user_message_tree(s)],
             Some(Ok(Value::Array(a))) => a,
             _ => Vec::new(),
         };
@@ -1018,6 +1204,141 @@ mod tests {
                         assert_eq!(text, serde_json::to_string(&[same]).unwrap(), "{body}");
                     }
                 }
+            }
+        }
+    }
+
+    /// The tree reading's expansion, the reference for [`expanded`]: the history's items, then
+    /// the request's own, each reference replaced by the first item before it with its id, else
+    /// by the item `index` holds under that id.
+    fn expanded_by_tree(history: &[Value], input: &Value, index: &[(&str, &str)]) -> Vec<Value> {
+        let mut items = history.to_vec();
+        let own = match input {
+            Value::String(s) => vec![user_message_tree(s.clone())],
+            Value::Array(a) => a.clone(),
+            _ => Vec::new(),
+        };
+        for mut item in own {
+            if item.get("type").and_then(Value::as_str) == Some("item_reference") {
+                if let Some(id) = item.get("id").and_then(Value::as_str) {
+                    let before = items
+                        .iter()
+                        .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
+                        .cloned();
+                    let indexed = index.iter().find(|(i, _)| *i == id);
+                    if let Some(found) = before
+                        .or_else(|| indexed.map(|(_, text)| serde_json::from_str(text).unwrap()))
+                    {
+                        item = found;
+                    }
+                }
+            }
+            items.push(item);
+        }
+        items
+    }
+
+    /// Continuing from a stored record by copying items as their texts gives the items the
+    /// tree reading gave, for every kind of history, input and reference.
+    #[test]
+    fn a_continuation_copied_as_text_reads_back_as_the_trees() {
+        let responses = [
+            r#"{"id":"resp_1","output":[{"id":"msg_o","type":"message","content":[{"type":"output_text","text":"out"}]},{"type":"reasoning","id":"rs_1","summary":[]},7,{"id":"msg_d","v":1}],"status":"completed"}"#,
+            r#"{"id":"resp_2","output":null}"#,
+            r#"{ "output" : [ { "id" : "msg_d" , "v" : 2 } ] }"#,
+        ];
+        let inputs = [
+            r#"[{"id":"msg_a","role":"user","content":"a"},{"id":"msg_d","v":0},"text",null,{"id":5},{"\u0069d":"msg_e","k":1},{"id":"msg_x","id":"msg_y"}]"#,
+            r#"[]"#,
+        ];
+        let own = [
+            r#""just text""#,
+            r#""\u00e9t\u00e9 \"q\"""#,
+            r#"[{"type":"item_reference","id":"msg_o"},{"role":"user","content":"q"}]"#,
+            r#"[{"type":"item_reference","id":"msg_d"},{"type":"item_reference","id":"msg_e"},{"type":"item_reference","id":"msg_y"},{"type":"item_reference","id":"msg_x"}]"#,
+            r#"[{"type":"item_reference","id":"idx_1"},{"type":"item_reference","id":"idx_1"},{"type":"item_reference","id":"nope"},{"type":"item_reference"},{"type":"item_reference","id":7}]"#,
+            r#"[{"id":"own_1","role":"user","content":"mine"},{"type":"item_reference","id":"own_1"},{"type":"item_reference","id":"idx_2"},{"id":"idx_2","role":"user","content":"later"}]"#,
+            r#"[ { "type" : "item_reference" , "id" : "rs_1" } , 3 , "s" , [1] , { } ]"#,
+            r#"[{"type":"item_reference","id":"msg_\u006f"},{"type":"item_\u0072eference","id":"msg_o"}]"#,
+            r#"[]"#,
+        ];
+        let index = [
+            (
+                "idx_1",
+                r#"{"id":"idx_1","type":"message","role":"assistant","content":"from the index"}"#,
+            ),
+            (
+                "idx_2",
+                r#"{"id":"idx_2","type":"function_call","call_id":"c","name":"f","arguments":"{}"}"#,
+            ),
+            // An item before the reference wins over the index's.
+            ("msg_o", r#"{"id":"msg_o","from":"the index"}"#),
+            ("own_1", r#"{"id":"own_1","from":"the index"}"#),
+        ];
+        for response in responses {
+            for input in inputs {
+                let record_text = translated_text(response, input);
+                let record = StoredRecord::read(&record_text).unwrap();
+                let history: Vec<&ItemSpan<'_>> = record.items().collect();
+                let Record::Translated {
+                    response: tree,
+                    input: tree_input,
+                } = serde_json::from_str(&record_text).unwrap()
+                else {
+                    panic!("{record_text}")
+                };
+                let mut history_tree = tree_input;
+                if let Some(output) = tree.get("output").and_then(Value::as_array) {
+                    history_tree.extend(output.iter().cloned());
+                }
+                assert_eq!(history.len(), history_tree.len(), "{record_text}");
+                for own_text in own {
+                    let loose: Loose<'_, ItemSpan<'_>> = hand::value(own_text)
+                        .or_else(|| serde_json::from_str(own_text).ok())
+                        .unwrap();
+                    let own_items = loose.as_array().unwrap_or_default();
+                    let resolved: HashMap<&str, &str> = index.iter().copied().collect();
+                    let text = expanded(&history, &loose, own_items, &resolved);
+                    let got: Value = serde_json::from_str(&text).unwrap();
+                    let want = expanded_by_tree(
+                        &history_tree,
+                        &serde_json::from_str(own_text).unwrap(),
+                        &index,
+                    );
+                    assert_eq!(got, Value::Array(want), "{record_text} + {own_text}");
+                }
+            }
+        }
+    }
+
+    /// A stored record is read as serde reads it, or refused where serde fails.
+    #[test]
+    fn stored_records_are_read_where_serde_reads_them() {
+        let texts = [
+            r#"{"kind":"translated","response":{"output":[]},"input":[]}"#,
+            r#"{"kind":"translated","response":null,"input":[{"id":"a"}]}"#,
+            r#"{"input":[],"response":7,"kind":"translated"}"#,
+            r#"{"kind":"passthrough","upstream":"up-1"}"#,
+            r#"{"kind":"passthrough","upstream":"\u0075p"}"#,
+            r#"{"kind":"translated","input":[]}"#,
+            r#"{"kind":"translated","response":{},"input":null}"#,
+            r#"{"kind":"translated","response":{},"input":{}}"#,
+            r#"{"kind":"passthrough"}"#,
+            r#"{"kind":"passthrough","upstream":3}"#,
+            r#"{"kind":"other","upstream":"u"}"#,
+            r#"{"upstream":"u"}"#,
+            r#"[]"#,
+            r#"not json"#,
+        ];
+        for text in texts {
+            let by_serde = serde_json::from_str::<Record>(text);
+            match (StoredRecord::read(text), by_serde) {
+                (Ok(StoredRecord::Passthrough(a)), Ok(Record::Passthrough { upstream })) => {
+                    assert_eq!(a, upstream, "{text}");
+                }
+                (Ok(StoredRecord::Translated(_)), Ok(Record::Translated { .. }))
+                | (Err(_), Err(_)) => {}
+                (mine, serde) => panic!("{text}: {} / {serde:?}", mine.is_ok()),
             }
         }
     }

@@ -371,6 +371,70 @@ async fn item_reference_is_replaced_by_the_stored_item() {
     assert_eq!(up.seen().len(), before);
 }
 
+/// The AI SDK's way with `store` left on: every turn sends the whole history, its earlier
+/// answers as `item_reference`s, and no `previous_response_id`. Each turn reaches the upstream
+/// with every earlier turn in order; so does a request referring into two conversations. The
+/// turns go one to `gw` and the next to `other`, which share their store when it is Redis.
+async fn whole_histories_of_references(gw: &TestGateway, other: &TestGateway, up: &FakeUpstream) {
+    let mut input = Vec::new();
+    let mut want = Vec::new();
+    let mut third_answer = Value::Null;
+    for turn in 1..=12 {
+        let question = format!("q{turn}");
+        input.push(json!({"role": "user", "content": question}));
+        want.push(("user".to_owned(), question));
+        let url = [gw, other][turn % 2].base("/v1/responses");
+        let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": input})).await;
+        assert_eq!(s, 200, "turn {turn}: {v}");
+        assert_eq!(conversation(&up.last()), want, "turn {turn}");
+        assert_eq!(output_text(&v), format!("reply-{turn}"));
+        let id = v["output"][0]["id"].clone();
+        third_answer = if turn == 3 { id.clone() } else { third_answer };
+        input.push(json!({"type": "item_reference", "id": id}));
+        want.push(("assistant".to_owned(), format!("reply-{turn}")));
+    }
+    let url = gw.base("/v1/responses");
+    let (_, b) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"role": "user", "content": "b"},
+        ]}),
+    )
+    .await;
+    let (s, v) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"role": "user", "content": "x"},
+            {"type": "item_reference", "id": b["output"][0]["id"]},
+            {"role": "user", "content": "y"},
+            {"type": "item_reference", "id": third_answer},
+            {"role": "user", "content": "z"},
+            {"type": "item_reference", "id": b["output"][0]["id"]},
+        ]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        conversation(&up.last()),
+        pairs(&[
+            ("user", "x"),
+            ("assistant", "reply-1"),
+            ("user", "y"),
+            ("assistant", "reply-3"),
+            ("user", "z"),
+            ("assistant", "reply-1")
+        ])
+    );
+}
+
+#[tokio::test]
+async fn whole_histories_of_references_continue_turn_after_turn() {
+    let (up, gw) = start("").await;
+    whole_histories_of_references(&gw, &gw, &up).await;
+}
+
 #[tokio::test]
 async fn get_input_items_and_delete_answer_from_the_store() {
     let (up, gw) = start("").await;
@@ -969,6 +1033,17 @@ async fn in_redis_two_gateways_share_stored_responses() {
     assert_eq!(s, 200);
     let (s, _) = get(KEY, &one.base(&format!("/v1/responses/{id}"))).await;
     assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn in_redis_whole_histories_of_references_continue_on_either_instance() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let up = FakeUpstream::start(upstream).await;
+    let one = start_redis(&up, &redis, "").await;
+    let two = start_redis(&up, &redis, "").await;
+    whole_histories_of_references(&one, &two, &up).await;
 }
 
 #[tokio::test]

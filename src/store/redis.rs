@@ -413,6 +413,20 @@ impl RedisStore {
             .await
     }
 
+    /// Several string values in one round trip (MGET), in the order of `keys`. The keys must
+    /// share a hash tag, as one gateway key's entries do, for a cluster to answer them at once.
+    pub async fn get_all(&self, keys: &[String]) -> Result<Vec<Option<String>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = ::redis::cmd("MGET");
+        cmd.arg(keys);
+        self.bounded(
+            |mut conn| async move { cmd.query_async::<Vec<Option<String>>>(&mut conn).await },
+        )
+        .await
+    }
+
     /// Removes one key; true when it was there.
     pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let mut cmd = ::redis::cmd("DEL");

@@ -57,11 +57,17 @@ pub trait Hand<'a>: Sized {
 /// other text and whenever the reader is unsure.
 pub fn object<'a, T: Hand<'a>>(text: &'a str) -> Option<T> {
     let b = text.as_bytes();
-    let at = space(b, 0);
-    if b.get(at) != Some(&b'{') {
+    if b.get(space(b, 0)) != Some(&b'{') {
         return None;
     }
-    let (value, end) = T::read(text, at, 0)?;
+    value(text)
+}
+
+/// The value `text` holds, of any JSON type (and nothing but space around it), read by hand;
+/// `None` whenever the reader is unsure.
+pub fn value<'a, T: Hand<'a>>(text: &'a str) -> Option<T> {
+    let b = text.as_bytes();
+    let (value, end) = T::read(text, space(b, 0), 0)?;
     (space(b, end) == b.len()).then_some(value)
 }
 
