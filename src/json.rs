@@ -145,17 +145,17 @@ impl<'a> RawObject<'a> {
 
     /// Replaces `key`'s value in place, or appends the key when it is absent.
     pub fn set(&mut self, key: &'a str, value: Box<RawValue>) {
-        self.set_text(key, text_of(value));
+        self.set_text(key, Cow::Owned(text_of(value)));
     }
 
     /// [`Self::set`] for the text of a value the caller wrote from checked JSON (the elements
     /// of an array, each read by a reader that checks what it reads): not checked again.
-    pub fn set_text(&mut self, key: &'a str, text: String) {
+    pub fn set_text(&mut self, key: &'a str, text: Cow<'a, str>) {
         match self.entries.iter_mut().find(|(k, _)| k == key) {
-            Some(entry) => entry.1 = Cow::Owned(text),
+            Some(entry) => entry.1 = text,
             None => {
                 self.keys |= key_bit(key);
-                self.entries.push((Cow::Borrowed(key), Cow::Owned(text)));
+                self.entries.push((Cow::Borrowed(key), text));
             }
         }
     }

@@ -11,6 +11,7 @@
 //! than only within the `previous_response_id` chain, because the AI SDK sends references with
 //! its whole history and no `previous_response_id` at all.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
 use std::sync::{Arc, LazyLock};
@@ -272,6 +273,23 @@ pub struct Prepared {
     pub pinned: Option<String>,
     /// Input items from this index on are the request's own (before: expanded history).
     own_from: usize,
+    /// The expanded `input`'s text, when `body` is rewritten.
+    input: String,
+}
+
+impl Prepared {
+    /// The client's body object as planned: when it is rewritten, without
+    /// `previous_response_id` and with `input` expanded. Made from the client's object (each
+    /// value checked there, the stored items checked when they were first sent or written by
+    /// the gateway), so the rewritten body is not read again.
+    pub fn object<'a>(&'a self, client: &RawObject<'a>) -> RawObject<'a> {
+        let mut body = client.clone();
+        if self.rewritten {
+            body.remove("previous_response_id");
+            body.set_text("input", Cow::Borrowed(&self.input));
+        }
+        body
+    }
 }
 
 fn store_failed(e: &StoreError) -> GatewayError {
@@ -318,6 +336,7 @@ pub async fn prepare(
         previous: previous.clone(),
         pinned: None,
         own_from: 0,
+        input: String::new(),
     };
     let input_raw = obj.get_present("input").map(|r| r.get());
     let references =
@@ -419,12 +438,9 @@ pub async fn prepare(
         }
     }
     prepared.own_from = history.len();
-    let input = expanded(&history, &own, own_items, &resolved);
-    let mut body = obj.clone();
-    body.remove("previous_response_id");
-    body.set_text("input", input);
-    prepared.body = Bytes::from(body.to_vec());
+    prepared.input = expanded(&history, &own, own_items, &resolved);
     prepared.rewritten = true;
+    prepared.body = Bytes::from(prepared.object(obj).to_vec());
     Ok(prepared)
 }
 
