@@ -3,7 +3,8 @@
 //! Two kinds of record, both under the key that made them (another key's id is simply absent):
 //! - a translated response (chat or messages upstream, or the built-in mock): the gateway is the
 //!   only one that knows it, so it keeps the response object as served and the request's input
-//!   items (after expansion), and indexes every item id it holds for `item_reference`;
+//!   items (after expansion), and indexes the item ids it holds for `item_reference` (an input
+//!   item it gave an id names the response in it instead: [`InputIds`]);
 //! - a passthrough response (a responses upstream): the upstream keeps it; the gateway only
 //!   remembers which upstream, so reads, deletes and follow-up turns go back there.
 //!
@@ -406,8 +407,13 @@ pub async fn prepare(
             (None, None) => {}
         }
     }
-    let holders =
-        (store.get_raw_all(key, Kind::Item, &wanted).await).map_err(|e| store_failed(&e))?;
+    // An id the index does not hold may name its answer itself (an input item's minted id).
+    let holders: Vec<Option<Arc<str>>> = (store.get_raw_all(key, Kind::Item, &wanted).await)
+        .map_err(|e| store_failed(&e))?
+        .into_iter()
+        .zip(&wanted)
+        .map(|(held, id)| held.or_else(|| named_answer(id).map(Arc::from)))
+        .collect();
     let mut responses: Vec<&str> = Vec::new();
     for holder in holders.iter().flatten() {
         if !responses.contains(&&**holder) {
@@ -521,16 +527,20 @@ fn printable(id: &str) -> String {
         .collect()
 }
 
-/// Gives an input item an id when it has none, so `input_items` can page through it, and an
-/// easy-form message its type, so it reads back in the full form OpenAI lists.
-fn complete_item(item: &mut Value) {
-    if let Some(obj) = item.as_object_mut() {
-        if !obj.get("id").is_some_and(Value::is_string) {
-            let id = mint_item_id(obj.get("type").and_then(Value::as_str));
-            obj.insert("id".to_owned(), Value::String(id));
-        }
-        obj.entry("type").or_insert_with(|| Value::from("message"));
+/// Gives an input item (at `place` in its answer's input) an id when it has none, so
+/// `input_items` can page through it, and an easy-form message its type, so it reads back in
+/// the full form OpenAI lists. True when the id is one `ids` made.
+fn complete_item(item: &mut Value, ids: &InputIds, place: usize) -> bool {
+    let Some(obj) = item.as_object_mut() else {
+        return false;
+    };
+    let minted = !obj.get("id").is_some_and(Value::is_string);
+    if minted {
+        let id = ids.mint(obj.get("type").and_then(Value::as_str), place);
+        obj.insert("id".to_owned(), Value::String(id));
     }
+    obj.entry("type").or_insert_with(|| Value::from("message"));
+    minted
 }
 
 /// The user message a string `input` stands for, with `id` when it has one, written as serde
@@ -550,13 +560,58 @@ fn user_message(text: &str, id: Option<&str>) -> String {
     String::from_utf8(item).unwrap_or_default()
 }
 
-/// A new id for an item of type `kind`.
-fn mint_item_id(kind: Option<&str>) -> String {
-    let prefix = match kind {
-        None | Some("message") => "msg_",
-        Some(_) => "item_",
-    };
-    crate::ir::mint_id(prefix)
+/// Ids for the input items of one stored answer that came without one. An answer the gateway
+/// translated has an id it minted (`resp_` and 24 hex digits); each item's id then names it and
+/// the item's place (`msg_` or `item_`, those 24 digits, the place as 8 more), so a reference to
+/// it finds its record without an entry in the item index: a client that sends its whole
+/// history in easy form on every turn has each of its items given a new id every turn, and an
+/// index entry each would cost a store write per item per turn. Any other answer id: random
+/// ids, indexed.
+struct InputIds {
+    answer: Option<[u8; 24]>,
+}
+
+impl InputIds {
+    fn new(answer_id: &str) -> Self {
+        let answer = (answer_id.strip_prefix("resp_"))
+            .filter(|hex| is_lower_hex(hex, 24))
+            .and_then(|hex| hex.as_bytes().try_into().ok());
+        Self { answer }
+    }
+
+    /// A new id for an item of type `kind` at `place` in the answer's input.
+    fn mint(&self, kind: Option<&str>, place: usize) -> String {
+        let prefix = match kind {
+            None | Some("message") => "msg_",
+            Some(_) => "item_",
+        };
+        let Some(answer) = &self.answer else {
+            return crate::ir::mint_id(prefix);
+        };
+        let mut id = String::with_capacity(prefix.len() + 32);
+        id.push_str(prefix);
+        id.push_str(std::str::from_utf8(answer).unwrap_or_default());
+        id.push_str(&format!("{:08x}", place & 0xffff_ffff));
+        id
+    }
+
+    /// True when the ids it makes name their answer, so they need no index entry.
+    fn names_answer(&self) -> bool {
+        self.answer.is_some()
+    }
+}
+
+/// The answer whose record holds the input item `id`, when the id is one [`InputIds`] made to
+/// name it.
+fn named_answer(id: &str) -> Option<String> {
+    let hex = (id.strip_prefix("msg_"))
+        .or_else(|| id.strip_prefix("item_"))
+        .filter(|hex| is_lower_hex(hex, 32))?;
+    Some(["resp_", &hex[..24]].concat())
+}
+
+fn is_lower_hex(text: &str, len: usize) -> bool {
+    text.len() == len && (text.bytes()).all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 lax_struct! {
@@ -635,15 +690,15 @@ impl<'a> StoredRecord<'a> {
 /// written in front of its members: an agent sends its whole history on every turn, which
 /// would otherwise be made a tree and written out again each time. Only an item whose `id` is
 /// there but not a string (which completing replaces) goes through a tree.
-fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
+fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> (String, Vec<String>) {
     let input = lax::parse::<StoredInput<'_>>(body).map(|b| b.input);
     let items = match input {
         Ok(Loose::Arr(items)) => items,
         Ok(Loose::Str(text)) => {
-            let id = mint_item_id(None);
+            let id = minted.mint(None, 0);
             let item = format!("[{}]", user_message(&text, Some(&id)));
-            let ids = if own_from == 0 { vec![id] } else { Vec::new() };
-            return (item, ids);
+            let indexed = own_from == 0 && !minted.names_answer();
+            return (item, if indexed { vec![id] } else { Vec::new() });
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
@@ -656,27 +711,28 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
             text.push(',');
         }
         let head = &item.typed;
-        let id = match (&head.id, raw.strip_prefix('{')) {
+        // The item's id, and whether it is one that names this answer (not indexed).
+        let (id, named) = match (&head.id, raw.strip_prefix('{')) {
             // Not an object: kept as it is, with no id.
             (_, None) => {
                 text.push_str(raw);
-                None
+                (None, false)
             }
             (Loose::Str(id), Some(_)) if !matches!(head.kind, Loose::Absent) => {
                 text.push_str(raw);
-                Some(id.to_string())
+                (Some(id.to_string()), false)
             }
             (Loose::Str(_) | Loose::Absent, Some(members)) => {
                 text.push('{');
-                let id = match &head.id {
-                    Loose::Str(id) => id.to_string(),
+                let (id, named) = match &head.id {
+                    Loose::Str(id) => (id.to_string(), false),
                     _ => {
                         // A minted id is letters, digits and `_`: nothing to escape.
-                        let id = mint_item_id(head.kind.as_str());
+                        let id = minted.mint(head.kind.as_str(), i);
                         text.push_str("\"id\":\"");
                         text.push_str(&id);
                         text.push_str("\",");
-                        id
+                        (id, minted.names_answer())
                     }
                 };
                 if matches!(head.kind, Loose::Absent) {
@@ -686,17 +742,18 @@ fn input_items(body: &[u8], own_from: usize) -> (String, Vec<String>) {
                     text.pop();
                 }
                 text.push_str(members);
-                Some(id)
+                (Some(id), named)
             }
             (_, Some(_)) => {
                 let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
-                complete_item(&mut tree);
+                let made = complete_item(&mut tree, minted, i);
                 let written = serde_json::to_string(&tree).unwrap_or_else(|_| "null".to_owned());
                 text.push_str(&written);
-                tree.get("id").and_then(Value::as_str).map(str::to_owned)
+                let id = tree.get("id").and_then(Value::as_str).map(str::to_owned);
+                (id, made && minted.names_answer())
             }
         };
-        if i >= own_from {
+        if i >= own_from && !named {
             ids.extend(id);
         }
     }
@@ -753,7 +810,7 @@ impl Job {
                     .await
             }
             Served::Kept => {
-                let (input, mut items) = input_items(&self.body, self.own_from);
+                let (input, mut items) = input_items(&self.body, self.own_from, &InputIds::new(id));
                 items.extend(answer.output.iter().cloned());
                 items.dedup();
                 let text = translated_text(&answer.text, &input);
@@ -1142,7 +1199,7 @@ mod tests {
     }
 
     /// The input items as the tree reading kept them, the reference for `input_items`.
-    fn input_items_by_tree(body: &[u8]) -> Vec<Value> {
+    fn input_items_by_tree(body: &[u8], ids: &InputIds) -> Vec<Value> {
         let input = RawObject::parse(body)
             .ok()
             .and_then(|o| o.get_present("input").map(|r| r.get().to_owned()));
@@ -1151,14 +1208,17 @@ mod tests {
             Some(Ok(Value::Array(a))) => a,
             _ => Vec::new(),
         };
-        items.iter_mut().for_each(complete_item);
+        for (place, item) in items.iter_mut().enumerate() {
+            complete_item(item, ids, place);
+        }
         items
     }
 
-    /// A minted id's prefix, or the id itself when it was the client's.
+    /// A random minted id's prefix, or the id itself when it was the client's or names its
+    /// answer (the same whoever made it).
     fn id_kind(item: &Value, client: &[&str]) -> Option<String> {
         let id = item.get("id")?.as_str()?;
-        if client.contains(&id) {
+        if client.contains(&id) || named_answer(id).is_some() {
             return Some(id.to_owned());
         }
         let prefix = ["msg_", "item_"].into_iter().find(|p| id.starts_with(p))?;
@@ -1168,8 +1228,9 @@ mod tests {
     }
 
     /// Kept as the client wrote them, with only a missing id or type written in, the input
-    /// items read back as the tree made them, minted ids aside; the ids listed are those of
-    /// the items from `own_from` on.
+    /// items read back as the tree made them, minted ids aside; the ids listed for the index
+    /// are those of the items from `own_from` on, but for ids that name their answer, which an
+    /// answer the gateway minted gives the items it completes (at their place), and only it.
     #[test]
     fn input_items_kept_as_written_read_back_as_the_trees() {
         let bodies = [
@@ -1184,43 +1245,94 @@ mod tests {
             r#"{"input":"\u00e9t\u00e9"}"#,
         ];
         let client = ["msg_1", "esc", "b", "x", "fc_1"];
-        for body in bodies {
-            let tree = input_items_by_tree(body.as_bytes());
-            for own_from in [0, 1, 3] {
-                let (text, ids) = input_items(body.as_bytes(), own_from);
-                let kept: Vec<Value> = serde_json::from_str(&text).unwrap();
-                assert_eq!(kept.len(), tree.len(), "{body}");
-                for (a, b) in kept.iter().zip(&tree) {
-                    let (mut a, mut b) = (a.clone(), b.clone());
-                    assert_eq!(
-                        id_kind(&a, &client),
-                        id_kind(&b, &client),
-                        "{body}: {a} / {b}"
-                    );
-                    for v in [&mut a, &mut b] {
-                        if let Some(o) = v.as_object_mut() {
-                            o.remove("id");
+        let minted_answer = "resp_0123456789abcdef01234567";
+        for answer in ["resp_1", "resp_0123456789ABCDEF01234567", minted_answer] {
+            let ids_for = InputIds::new(answer);
+            assert_eq!(ids_for.names_answer(), answer == minted_answer);
+            for body in bodies {
+                let tree = input_items_by_tree(body.as_bytes(), &ids_for);
+                for own_from in [0, 1, 3] {
+                    let (text, ids) = input_items(body.as_bytes(), own_from, &ids_for);
+                    let kept: Vec<Value> = serde_json::from_str(&text).unwrap();
+                    assert_eq!(kept.len(), tree.len(), "{body}");
+                    for (place, (a, b)) in kept.iter().zip(&tree).enumerate() {
+                        let (mut a, mut b) = (a.clone(), b.clone());
+                        assert_eq!(
+                            id_kind(&a, &client),
+                            id_kind(&b, &client),
+                            "{body}: {a} / {b}"
+                        );
+                        if let Some(id) = a.get("id").and_then(Value::as_str) {
+                            if let Some(named) = named_answer(id) {
+                                assert_eq!(named, minted_answer, "{body}: {a}");
+                                assert_eq!(&id[id.len() - 8..], format!("{place:08x}"));
+                            }
                         }
+                        for v in [&mut a, &mut b] {
+                            if let Some(o) = v.as_object_mut() {
+                                o.remove("id");
+                            }
+                        }
+                        assert_eq!(a, b, "{body}");
                     }
-                    assert_eq!(a, b, "{body}");
-                }
-                let listed: Vec<&str> = kept
-                    .iter()
-                    .skip(own_from)
-                    .filter_map(|i| i.get("id").and_then(Value::as_str))
-                    .collect();
-                assert_eq!(ids, listed, "{body} from {own_from}");
-                // A string input is written by hand: the bytes serde writes its tree as.
-                if let [Value::Object(item)] = &tree[..] {
-                    if item.get("role").is_some_and(|r| r == "user")
-                        && body.contains("\"input\":\"")
-                    {
-                        let mut same = item.clone();
-                        same.insert("id".into(), kept[0]["id"].clone());
-                        assert_eq!(text, serde_json::to_string(&[same]).unwrap(), "{body}");
+                    let listed: Vec<&str> = (kept.iter().skip(own_from))
+                        .filter_map(|i| i.get("id").and_then(Value::as_str))
+                        .filter(|id| named_answer(id).is_none())
+                        .collect();
+                    assert_eq!(ids, listed, "{body} from {own_from}");
+                    // A string input is written by hand: the bytes serde writes its tree as.
+                    if let [Value::Object(item)] = &tree[..] {
+                        if item.get("role").is_some_and(|r| r == "user")
+                            && body.contains("\"input\":\"")
+                        {
+                            let mut same = item.clone();
+                            same.insert("id".into(), kept[0]["id"].clone());
+                            assert_eq!(text, serde_json::to_string(&[same]).unwrap(), "{body}");
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Only an id of the form [`InputIds`] makes names an answer.
+    #[test]
+    fn only_ids_made_to_name_their_answer_name_one() {
+        let digits = "0123456789abcdef01234567";
+        let ids = InputIds::new(&format!("resp_{digits}"));
+        assert_eq!(
+            named_answer(&ids.mint(None, 7)).as_deref(),
+            Some(&*format!("resp_{digits}"))
+        );
+        assert_eq!(
+            ids.mint(Some("message"), 7),
+            format!("msg_{digits}00000007")
+        );
+        assert_eq!(
+            ids.mint(Some("function_call_output"), 300),
+            format!("item_{digits}0000012c")
+        );
+        for id in [
+            format!("msg_{digits}"),
+            format!("msg_{digits}0000000"),
+            format!("msg_{digits}000000070"),
+            format!("msg_{digits}0000000G"),
+            format!("msg_{}00000007", digits.to_uppercase()),
+            format!("fc_{digits}00000007"),
+            format!("resp_{digits}00000007"),
+        ] {
+            assert_eq!(named_answer(&id), None, "{id}");
+        }
+        for answer in [
+            "resp_1",
+            "chatcmpl-x",
+            "",
+            &format!("resp_{digits}0"),
+            &format!("msg_{digits}"),
+        ] {
+            let random = InputIds::new(answer);
+            assert!(!random.names_answer(), "{answer}");
+            assert_eq!(named_answer(&random.mint(None, 0)), None, "{answer}");
         }
     }
 

@@ -379,6 +379,7 @@ async fn whole_histories_of_references(gw: &TestGateway, other: &TestGateway, up
     let mut input = Vec::new();
     let mut want = Vec::new();
     let mut third_answer = Value::Null;
+    let mut last_answer = String::new();
     for turn in 1..=12 {
         let question = format!("q{turn}");
         input.push(json!({"role": "user", "content": question}));
@@ -390,6 +391,7 @@ async fn whole_histories_of_references(gw: &TestGateway, other: &TestGateway, up
         assert_eq!(output_text(&v), format!("reply-{turn}"));
         let id = v["output"][0]["id"].clone();
         third_answer = if turn == 3 { id.clone() } else { third_answer };
+        last_answer = v["id"].as_str().unwrap().to_owned();
         input.push(json!({"type": "item_reference", "id": id}));
         want.push(("assistant".to_owned(), format!("reply-{turn}")));
     }
@@ -426,6 +428,33 @@ async fn whole_histories_of_references(gw: &TestGateway, other: &TestGateway, up
             ("user", "z"),
             ("assistant", "reply-1")
         ])
+    );
+    // An input item the gateway gave an id (its easy-form question), as `input_items` lists
+    // it, is found by that id too.
+    let (s, items) = get(
+        KEY,
+        &other.base(&format!(
+            "/v1/responses/{last_answer}/input_items?order=asc"
+        )),
+    )
+    .await;
+    assert_eq!(s, 200, "{items}");
+    let first_question = &items["data"][0];
+    assert_eq!(first_question["content"], "q1", "{items}");
+    let (s, v) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"type": "item_reference", "id": first_question["id"]},
+            {"type": "item_reference", "id": third_answer},
+            {"role": "user", "content": "w"},
+        ]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        conversation(&up.last()),
+        pairs(&[("user", "q1"), ("assistant", "reply-3"), ("user", "w")])
     );
 }
 
