@@ -265,7 +265,7 @@ pub fn now_secs() -> u64 {
 }
 
 /// The last `out.len()` hex digits of `n`, lowercase.
-fn hex_digits(out: &mut [u8], mut n: u64) {
+pub fn hex_digits(out: &mut [u8], mut n: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for d in out.iter_mut().rev() {
         *d = HEX[(n & 15) as usize];

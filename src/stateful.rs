@@ -588,11 +588,11 @@ impl InputIds {
         let Some(answer) = &self.answer else {
             return crate::ir::mint_id(prefix);
         };
-        let mut id = String::with_capacity(prefix.len() + 32);
-        id.push_str(prefix);
-        id.push_str(std::str::from_utf8(answer).unwrap_or_default());
-        id.push_str(&format!("{:08x}", place & 0xffff_ffff));
-        id
+        let mut digits = [0u8; 32];
+        digits[..24].copy_from_slice(answer);
+        crate::ir::hex_digits(&mut digits[24..], place as u64);
+        // Hex digits are ASCII.
+        [prefix, std::str::from_utf8(&digits).unwrap_or_default()].concat()
     }
 
     /// True when the ids it makes name their answer, so they need no index entry.
