@@ -989,14 +989,20 @@ async fn start_redis(up: &FakeUpstream, redis: &RedisServer, ttl: &str) -> TestG
     .await
 }
 
-#[tokio::test]
-async fn in_redis_two_gateways_share_stored_responses() {
+/// A Redis of the test's own, the upstream, and two gateways sharing that Redis.
+async fn two_gateways_on_redis() -> (RedisServer, FakeUpstream, TestGateway, TestGateway) {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
     let up = FakeUpstream::start(upstream).await;
     let one = start_redis(&up, &redis, "").await;
     let two = start_redis(&up, &redis, "").await;
+    (redis, up, one, two)
+}
+
+#[tokio::test]
+async fn in_redis_two_gateways_share_stored_responses() {
+    let (_redis, up, one, two) = two_gateways_on_redis().await;
     // Made on one instance, continued on the other, with an item reference resolved there.
     let (s, first) = post_as(
         KEY,
@@ -1066,12 +1072,7 @@ async fn in_redis_two_gateways_share_stored_responses() {
 
 #[tokio::test]
 async fn in_redis_whole_histories_of_references_continue_on_either_instance() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let one = start_redis(&up, &redis, "").await;
-    let two = start_redis(&up, &redis, "").await;
+    let (_redis, up, one, two) = two_gateways_on_redis().await;
     whole_histories_of_references(&one, &two, &up).await;
 }
 
