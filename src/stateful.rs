@@ -484,25 +484,12 @@ fn expanded(
     own_items: &[ItemSpan<'_>],
     resolved: &HashMap<&str, &str>,
 ) -> String {
-    let size = (history.iter().copied().chain(own_items))
-        .map(|i| i.text.map_or(0, str::len) + 1)
-        .sum::<usize>();
-    let mut out = String::with_capacity(size + 2);
-    out.push('[');
-    let push = |out: &mut String, text: &str| {
-        if out.len() > 1 {
-            out.push(',');
-        }
-        out.push_str(text);
+    let message = match own {
+        Loose::Str(text) => Some(user_message(text, None)),
+        _ => None,
     };
-    for item in history {
-        if let Some(text) = item.text {
-            push(&mut out, text);
-        }
-    }
-    if let Loose::Str(text) = own {
-        push(&mut out, &user_message(text, None));
-    }
+    let mut texts: Vec<&str> = history.iter().filter_map(|i| i.text).collect();
+    texts.extend(message.as_deref());
     let mut earlier = first_by_id(history.iter().copied());
     for item in own_items {
         let Some(text) = item.text else { continue };
@@ -510,10 +497,19 @@ fn expanded(
             Some(id) => (earlier.get(id).or_else(|| resolved.get(id)).copied()).unwrap_or(text),
             None => text,
         };
-        push(&mut out, text);
+        texts.push(text);
         if let Some(id) = item.typed.id.as_str() {
             earlier.entry(id).or_insert(text);
         }
+    }
+    // Sized once the references' items are known: each is longer than its reference.
+    let mut out = String::with_capacity(texts.iter().map(|t| t.len() + 1).sum::<usize>() + 1);
+    out.push('[');
+    for (i, text) in texts.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(text);
     }
     out.push(']');
     out
@@ -702,7 +698,8 @@ fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> (String, Vec<
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
-    let mut text = String::with_capacity(body.len());
+    // Room for an id and a type written into each item.
+    let mut text = String::with_capacity(body.len() + 64 * items.len());
     let mut ids = Vec::new();
     text.push('[');
     for (i, item) in items.iter().enumerate() {
