@@ -41,6 +41,11 @@ use crate::translate::responses::{Final, FinalSlot};
 /// Ids longer than this are nobody's: they are refused as unknown before reaching a store key.
 const MAX_ID_LEN: usize = 256;
 
+/// Whether `id` can be a key's entry: others are nobody's.
+fn storable(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_LEN
+}
+
 /// What is kept for one response id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -131,7 +136,7 @@ impl ResponseStore {
     }
 
     async fn get_raw(&self, key: &str, kind: Kind, id: &str) -> Result<Option<String>, StoreError> {
-        if id.is_empty() || id.len() > MAX_ID_LEN {
+        if !storable(id) {
             return Ok(None);
         }
         match &self.backend {
@@ -174,15 +179,13 @@ impl ResponseStore {
         text: String,
         items: &[String],
     ) -> Result<(), StoreError> {
-        if id.is_empty() || id.len() > MAX_ID_LEN {
+        if !storable(id) {
             return Err(StoreError(format!(
                 "a response id of {} bytes cannot be stored",
                 id.len()
             )));
         }
-        let items = items
-            .iter()
-            .filter(|i| !i.is_empty() && i.len() <= MAX_ID_LEN);
+        let items = items.iter().filter(|i| storable(i));
         match &self.backend {
             Backend::Local(c) => {
                 c.insert(Self::local_key(key, Kind::Response, id), Arc::from(text))
@@ -211,7 +214,7 @@ impl ResponseStore {
     /// Forgets response `id` of `key`; true when it was kept. Its item index entries expire on
     /// their own: they point at a record that is gone, which reads as unknown.
     pub async fn delete(&self, key: &str, id: &str) -> Result<bool, StoreError> {
-        if id.is_empty() || id.len() > MAX_ID_LEN {
+        if !storable(id) {
             return Ok(false);
         }
         match &self.backend {
@@ -231,12 +234,11 @@ impl ResponseStore {
         kind: Kind,
         ids: &[&str],
     ) -> Result<Vec<Option<Arc<str>>>, StoreError> {
-        let valid = |id: &str| !id.is_empty() && id.len() <= MAX_ID_LEN;
         match &self.backend {
             Backend::Local(c) => {
                 let mut found = Vec::with_capacity(ids.len());
                 for id in ids {
-                    found.push(match valid(id) {
+                    found.push(match storable(id) {
                         true => c.get(&Self::local_key(key, kind, id)).await,
                         false => None,
                     });
@@ -244,13 +246,13 @@ impl ResponseStore {
                 Ok(found)
             }
             Backend::Redis(r) => {
-                let asked: Vec<String> = (ids.iter().filter(|id| valid(id)))
+                let asked: Vec<String> = (ids.iter().filter(|id| storable(id)))
                     .map(|id| Self::redis_key(key, kind, id))
                     .collect();
                 let mut answers = r.get_all(&asked).await?.into_iter();
                 Ok(ids
                     .iter()
-                    .map(|id| match valid(id) {
+                    .map(|id| match storable(id) {
                         true => answers.next().flatten().map(Arc::from),
                         false => None,
                     })
@@ -682,7 +684,7 @@ impl<'a> StoredRecord<'a> {
 
 /// The input items to keep for a translated response, as the text of a JSON array: the
 /// (expanded) request's `input`, each item completed ([`complete_item`]); and the ids of the
-/// items from `own_from` on. An item is kept as the client wrote it, a missing id or type
+/// items from `own_from` on to index, but for those `minted` made to name the answer. An item is kept as the client wrote it, a missing id or type
 /// written in front of its members: an agent sends its whole history on every turn, which
 /// would otherwise be made a tree and written out again each time. Only an item whose `id` is
 /// there but not a string (which completing replaces) goes through a tree.
