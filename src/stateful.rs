@@ -15,6 +15,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -60,6 +61,8 @@ pub enum Record {
 pub struct ResponseStore {
     backend: Backend,
     ttl: Duration,
+    /// Set while a tidy-up of the in-process store is queued ([`Self::tidy_soon`]).
+    tidy_queued: Arc<AtomicBool>,
 }
 
 enum Backend {
@@ -104,7 +107,28 @@ impl ResponseStore {
         Self {
             backend,
             ttl: settings.responses_ttl,
+            tidy_queued: Arc::default(),
         }
+    }
+
+    /// Applies the in-process store's pending writes, its evictions among them, in a task of
+    /// its own that runs once the current one yields: the cap holds as soon as the answer that
+    /// filled it is out, and the client does not wait for the store's bookkeeping (it reaches
+    /// into the cache's cold lists and counters, several microseconds in a store grown large).
+    /// One tidy-up queued at a time serves every write before it runs.
+    fn tidy_soon(&self, cache: &moka::future::Cache<String, Arc<str>>) {
+        if self.tidy_queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.tidy_queued.store(false, Ordering::Release);
+            return;
+        };
+        let (cache, queued) = (cache.clone(), self.tidy_queued.clone());
+        handle.spawn(async move {
+            queued.store(false, Ordering::Release);
+            cache.run_pending_tasks().await;
+        });
     }
 
     fn local_key(key: &str, kind: Kind, id: &str) -> String {
@@ -195,9 +219,7 @@ impl ResponseStore {
                     c.insert(Self::local_key(key, Kind::Item, item), id.clone())
                         .await;
                 }
-                // Evictions are applied now rather than on some later call, so the cap holds
-                // as soon as a response is stored.
-                c.run_pending_tasks().await;
+                self.tidy_soon(c);
                 Ok(())
             }
             Backend::Redis(r) => {
@@ -821,15 +843,22 @@ impl Job {
         }
     }
 
-    /// Stores in a task of its own (it finishes even if the client leaves); the receiver
-    /// says when it is done.
-    fn spawn(self, answer: Final) -> Option<oneshot::Receiver<()>> {
+    /// Stores `answer` at once when the store does not make it wait (the in-process one
+    /// seldom does), else in a task of its own, which finishes even if the client leaves; the
+    /// receiver then says when it is done. A task for every stream would cost its spawn and a
+    /// second turn of the connection's task before the terminal frame goes out.
+    fn start(self, answer: Final, cx: &mut Context<'_>) -> Option<oneshot::Receiver<()>> {
+        let mut work = Box::pin(async move { self.record(&answer).await });
+        if work.as_mut().poll(cx).is_ready() {
+            return None;
+        }
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = oneshot::channel();
         // Detached on purpose: the store write is bounded by the store's own timeout, and a
-        // client that hung up after `response.completed` should still find its response.
+        // client that hung up after `response.completed` should still find its response. The
+        // waker the first poll left is this connection's: a stray wake-up at most.
         handle.spawn(async move {
-            self.record(&answer).await;
+            work.await;
             let _ = tx.send(());
         });
         Some(rx)
@@ -1037,7 +1066,7 @@ impl HttpBody for Tap {
             match this.watch.frame(data) {
                 Ok(None) => {}
                 Ok(Some(response)) => {
-                    if let Some(rx) = this.job.take().and_then(|job| job.spawn(response)) {
+                    if let Some(rx) = this.job.take().and_then(|job| job.start(response, cx)) {
                         this.waiting = Some((rx, frame));
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
