@@ -13,7 +13,9 @@
 //! its whole history and no `previous_response_id` at all.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+// The maps here hold one request's item ids, hashed several times each for a long history:
+// foldhash, seeded per process, takes a fraction of SipHash's instructions for an id.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -416,7 +418,9 @@ pub async fn prepare(
     };
     // References to items neither the history nor an item before them holds are looked up in
     // the key's item index, all at once, and each record holding one is read once.
-    let mut seen: HashSet<&str> = history.iter().filter_map(|i| i.typed.id.as_str()).collect();
+    // Sized for every item at once: grown step by step, a long history is hashed again at each.
+    let mut seen: HashSet<&str> = HashSet::with_capacity(history.len() + own_items.len());
+    seen.extend(history.iter().filter_map(|i| i.typed.id.as_str()));
     let mut wanted = Vec::new();
     for item in own_items {
         match (reference(item), item.typed.id.as_str()) {
@@ -454,7 +458,7 @@ pub async fn prepare(
     let found: Vec<HashMap<&str, &str>> = (records.iter())
         .map(|r| {
             r.as_ref()
-                .map(|r| first_by_id(r.items()))
+                .map(|r| first_by_id(r.items(), 0))
                 .unwrap_or_default()
         })
         .collect();
@@ -485,11 +489,13 @@ fn reference<'i>(item: &'i ItemSpan<'_>) -> Option<&'i str> {
     }
 }
 
-/// Each id's first item's text, as a search from the front finds it.
+/// Each id's first item's text, as a search from the front finds it; with room for `more`.
 fn first_by_id<'i, 'a: 'i>(
     items: impl Iterator<Item = &'i ItemSpan<'a>>,
+    more: usize,
 ) -> HashMap<&'i str, &'a str> {
-    let mut by_id = HashMap::new();
+    // Sized once: the items are slices', whose count the hint gives exactly.
+    let mut by_id = HashMap::with_capacity(items.size_hint().0 + more);
     for item in items {
         if let (Some(id), Some(text)) = (item.typed.id.as_str(), item.text) {
             by_id.entry(id).or_insert(text);
@@ -514,7 +520,7 @@ fn expanded(
     };
     let mut texts: Vec<&str> = history.iter().filter_map(|i| i.text).collect();
     texts.extend(message.as_deref());
-    let mut earlier = first_by_id(history.iter().copied());
+    let mut earlier = first_by_id(history.iter().copied(), own_items.len());
     for item in own_items {
         let Some(text) = item.text else { continue };
         let text = match reference(item) {
