@@ -17,6 +17,7 @@ use std::borrow::Cow;
 // foldhash, seeded per process, takes a fraction of SipHash's instructions for an id.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future as _;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
@@ -300,8 +301,8 @@ pub struct Prepared {
     pub pinned: Option<String>,
     /// Input items from this index on are the request's own (before: expanded history).
     own_from: usize,
-    /// The expanded `input`'s text, when `body` is rewritten.
-    input: String,
+    /// The expanded `input`, when `body` is rewritten.
+    expansion: Arc<Expansion>,
 }
 
 impl Prepared {
@@ -313,7 +314,7 @@ impl Prepared {
         let mut body = client.clone();
         if self.rewritten {
             body.remove("previous_response_id");
-            body.set_text("input", Cow::Borrowed(&self.input));
+            body.set_text("input", Cow::Borrowed(&self.expansion.text));
         }
         body
     }
@@ -363,7 +364,7 @@ pub async fn prepare(
         previous: previous.clone(),
         pinned: None,
         own_from: 0,
-        input: String::new(),
+        expansion: Arc::default(),
     };
     let input_raw = obj.get_present("input").map(|r| r.get());
     let references =
@@ -455,24 +456,30 @@ pub async fn prepare(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| store_failed(&e))?;
     // A record no longer kept (or a passthrough one) holds no item the gateway knows.
-    let found: Vec<HashMap<&str, &str>> = (records.iter())
+    let found: Vec<HashMap<&str, &ItemSpan<'_>>> = (records.iter())
         .map(|r| {
             r.as_ref()
                 .map(|r| first_by_id(r.items(), 0))
                 .unwrap_or_default()
         })
         .collect();
-    let mut resolved: HashMap<&str, &str> = HashMap::with_capacity(wanted.len());
+    let mut resolved: HashMap<&str, &ItemSpan<'_>> = HashMap::with_capacity(wanted.len());
     for (id, holder) in wanted.iter().zip(&holders) {
-        let text = (holder.as_deref())
+        let item = (holder.as_deref())
             .and_then(|h| responses.iter().position(|r| *r == h))
             .and_then(|at| found.get(at)?.get(id));
-        if let Some(text) = text {
-            resolved.insert(id, text);
+        if let Some(item) = item {
+            resolved.insert(id, item);
         }
     }
     prepared.own_from = history.len();
-    prepared.input = expanded(&history, &own, own_items, &resolved);
+    prepared.expansion = Arc::new(expanded(
+        &history,
+        &own,
+        own_items,
+        &resolved,
+        prepared.store,
+    ));
     prepared.rewritten = true;
     prepared.body = Bytes::from(prepared.object(obj).to_vec());
     Ok(prepared)
@@ -489,19 +496,62 @@ fn reference<'i>(item: &'i ItemSpan<'_>) -> Option<&'i str> {
     }
 }
 
-/// Each id's first item's text, as a search from the front finds it; with room for `more`.
+/// Each id's first item (one with text), as a search from the front finds it; with room for
+/// `more`.
 fn first_by_id<'i, 'a: 'i>(
     items: impl Iterator<Item = &'i ItemSpan<'a>>,
     more: usize,
-) -> HashMap<&'i str, &'a str> {
+) -> HashMap<&'i str, &'i ItemSpan<'a>> {
     // Sized once: the items are slices', whose count the hint gives exactly.
     let mut by_id = HashMap::with_capacity(items.size_hint().0 + more);
     for item in items {
-        if let (Some(id), Some(text)) = (item.typed.id.as_str(), item.text) {
-            by_id.entry(id).or_insert(text);
+        if let (Some(id), Some(_)) = (item.typed.id.as_str(), item.text) {
+            by_id.entry(id).or_insert(item);
         }
     }
     by_id
+}
+
+/// A continued request's `input` as planned: its text, and when its answer is to be kept,
+/// where each item lies in it with what keeping it reads of the item, so the record is made
+/// without reading the input again.
+#[derive(Debug, Default)]
+struct Expansion {
+    text: String,
+    items: Vec<(Range<usize>, Head)>,
+}
+
+impl Expansion {
+    /// [`input_items`] of a body whose `input` is this expansion.
+    fn stored(&self, own_from: usize, minted: &InputIds) -> (String, Vec<String>) {
+        let items =
+            (self.items.iter()).map(|(at, head)| (self.text.get(at.clone()), &head.id, &head.kind));
+        stored_input(items, self.text.len(), own_from, minted)
+    }
+}
+
+/// An item's id and type as keeping it reads them ([`ItemHead`]), owned: only whether each is
+/// absent, a string or anything else counts, so anything else is kept as `null`.
+#[derive(Debug, Default)]
+struct Head {
+    id: Loose<'static>,
+    kind: Loose<'static>,
+}
+
+impl Head {
+    fn of(head: &ItemHead<'_>) -> Self {
+        fn owned(l: &Loose<'_>) -> Loose<'static> {
+            match l {
+                Loose::Absent => Loose::Absent,
+                Loose::Str(s) => Loose::Str(Cow::Owned(s.to_string())),
+                _ => Loose::Null,
+            }
+        }
+        Self {
+            id: owned(&head.id),
+            kind: owned(&head.kind),
+        }
+    }
 }
 
 /// The text of the `input` a continued request is planned with: the history's items, then the
@@ -512,36 +562,52 @@ fn expanded(
     history: &[&ItemSpan<'_>],
     own: &Loose<'_, ItemSpan<'_>>,
     own_items: &[ItemSpan<'_>],
-    resolved: &HashMap<&str, &str>,
-) -> String {
+    resolved: &HashMap<&str, &ItemSpan<'_>>,
+    kept: bool,
+) -> Expansion {
     let message = match own {
         Loose::Str(text) => Some(user_message(text, None)),
         _ => None,
     };
-    let mut texts: Vec<&str> = history.iter().filter_map(|i| i.text).collect();
-    texts.extend(message.as_deref());
+    // The head reading the message would give: it has a type and no id.
+    let message_head = ItemHead {
+        kind: Loose::Str(Cow::Borrowed("message")),
+        ..ItemHead::default()
+    };
+    let mut parts: Vec<(&str, &ItemHead<'_>)> =
+        Vec::with_capacity(history.len() + own_items.len() + 1);
+    parts.extend(history.iter().filter_map(|i| Some((i.text?, &i.typed))));
+    parts.extend(message.as_deref().map(|m| (m, &message_head)));
     let mut earlier = first_by_id(history.iter().copied(), own_items.len());
     for item in own_items {
         let Some(text) = item.text else { continue };
-        let text = match reference(item) {
-            Some(id) => (earlier.get(id).or_else(|| resolved.get(id)).copied()).unwrap_or(text),
-            None => text,
+        let chosen = match reference(item) {
+            Some(id) => (earlier.get(id).or_else(|| resolved.get(id)).copied()).unwrap_or(item),
+            None => item,
         };
-        texts.push(text);
+        // The maps hold items with text only.
+        parts.push((chosen.text.unwrap_or(text), &chosen.typed));
         if let Some(id) = item.typed.id.as_str() {
-            earlier.entry(id).or_insert(text);
+            earlier.entry(id).or_insert(chosen);
         }
     }
     // Sized once the references' items are known: each is longer than its reference.
-    let mut out = String::with_capacity(texts.iter().map(|t| t.len() + 1).sum::<usize>() + 1);
-    out.push('[');
-    for (i, text) in texts.iter().enumerate() {
+    let mut out = Expansion {
+        text: String::with_capacity(parts.iter().map(|(t, _)| t.len() + 1).sum::<usize>() + 1),
+        items: Vec::with_capacity(if kept { parts.len() } else { 0 }),
+    };
+    out.text.push('[');
+    for (i, (text, head)) in parts.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.text.push(',');
         }
-        out.push_str(text);
+        let start = out.text.len();
+        out.text.push_str(text);
+        if kept {
+            out.items.push((start..out.text.len(), Head::of(head)));
+        }
     }
-    out.push(']');
+    out.text.push(']');
     out
 }
 
@@ -728,41 +794,52 @@ fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> (String, Vec<
         }
         _ => return ("[]".to_owned(), Vec::new()),
     };
+    let items = (items.iter()).map(|item| (item.text, &item.typed.id, &item.typed.kind));
+    stored_input(items, body.len(), own_from, minted)
+}
+
+/// The part of [`input_items`] after reading the items: each item's text, id and type, in
+/// order; `len` the length of the text they are read from.
+fn stored_input<'t, 'a: 't>(
+    items: impl ExactSizeIterator<Item = (Option<&'t str>, &'t Loose<'a>, &'t Loose<'a>)>,
+    len: usize,
+    own_from: usize,
+    minted: &InputIds,
+) -> (String, Vec<String>) {
     // Room for an id and a type written into each item.
-    let mut text = String::with_capacity(body.len() + 64 * items.len());
+    let mut text = String::with_capacity(len + 64 * items.len());
     let mut ids = Vec::new();
     text.push('[');
-    for (i, item) in items.iter().enumerate() {
-        let Some(raw) = item.text else { continue };
+    for (i, (raw, head_id, head_kind)) in items.enumerate() {
+        let Some(raw) = raw else { continue };
         if text.len() > 1 {
             text.push(',');
         }
-        let head = &item.typed;
         // The item's id, and whether it is one that names this answer (not indexed).
-        let (id, named) = match (&head.id, raw.strip_prefix('{')) {
+        let (id, named) = match (head_id, raw.strip_prefix('{')) {
             // Not an object: kept as it is, with no id.
             (_, None) => {
                 text.push_str(raw);
                 (None, false)
             }
-            (Loose::Str(id), Some(_)) if !matches!(head.kind, Loose::Absent) => {
+            (Loose::Str(id), Some(_)) if !matches!(head_kind, Loose::Absent) => {
                 text.push_str(raw);
                 (Some(id.to_string()), false)
             }
             (Loose::Str(_) | Loose::Absent, Some(members)) => {
                 text.push('{');
-                let (id, named) = match &head.id {
+                let (id, named) = match head_id {
                     Loose::Str(id) => (id.to_string(), false),
                     _ => {
                         // A minted id is letters, digits and `_`: nothing to escape.
-                        let id = minted.mint(head.kind.as_str(), i);
+                        let id = minted.mint(head_kind.as_str(), i);
                         text.push_str("\"id\":\"");
                         text.push_str(&id);
                         text.push_str("\",");
                         (id, minted.names_answer())
                     }
                 };
-                if matches!(head.kind, Loose::Absent) {
+                if matches!(head_kind, Loose::Absent) {
                     text.push_str("\"type\":\"message\",");
                 }
                 if members.trim_start().starts_with('}') {
@@ -802,6 +879,8 @@ struct Job {
     key: String,
     served: Served,
     body: Bytes,
+    /// The request's `input` as expanded, when it was: its items need not be read again.
+    expansion: Option<Arc<Expansion>>,
     own_from: usize,
 }
 
@@ -837,7 +916,11 @@ impl Job {
                     .await
             }
             Served::Kept => {
-                let (input, mut items) = input_items(&self.body, self.own_from, &InputIds::new(id));
+                let ids = InputIds::new(id);
+                let (input, mut items) = match &self.expansion {
+                    Some(expansion) => expansion.stored(self.own_from, &ids),
+                    None => input_items(&self.body, self.own_from, &ids),
+                };
                 items.extend(answer.output.iter().cloned());
                 items.dedup();
                 let text = translated_text(&answer.text, &input);
@@ -891,6 +974,7 @@ pub async fn finish(
         key: key.to_owned(),
         served,
         body: prepared.body.clone(),
+        expansion: prepared.rewritten.then(|| prepared.expansion.clone()),
         own_from: prepared.own_from,
     };
     if body::is_event_stream(resp.headers()) {
@@ -1437,6 +1521,14 @@ mod tests {
             ("msg_o", r#"{"id":"msg_o","from":"the index"}"#),
             ("own_1", r#"{"id":"own_1","from":"the index"}"#),
         ];
+        // The index's items as a record's items are read.
+        let index_items: Vec<String> = index.iter().map(|(_, item)| format!("[{item}]")).collect();
+        let index_spans: Vec<Loose<'_, ItemSpan<'_>>> = (index_items.iter())
+            .map(|items| hand::value(items).unwrap())
+            .collect();
+        let resolved: HashMap<&str, &ItemSpan<'_>> = (index.iter().zip(&index_spans))
+            .map(|((id, _), items)| (*id, &items.as_array().unwrap()[0]))
+            .collect();
         for response in responses {
             for input in inputs {
                 let record_text = translated_text(response, input);
@@ -1459,15 +1551,25 @@ mod tests {
                         .or_else(|| serde_json::from_str(own_text).ok())
                         .unwrap();
                     let own_items = loose.as_array().unwrap_or_default();
-                    let resolved: HashMap<&str, &str> = index.iter().copied().collect();
-                    let text = expanded(&history, &loose, own_items, &resolved);
-                    let got: Value = serde_json::from_str(&text).unwrap();
+                    let expansion = expanded(&history, &loose, own_items, &resolved, true);
+                    let text = &expansion.text;
+                    let got: Value = serde_json::from_str(text).unwrap();
                     let want = expanded_by_tree(
                         &history_tree,
                         &serde_json::from_str(own_text).unwrap(),
                         &index,
                     );
                     assert_eq!(got, Value::Array(want), "{record_text} + {own_text}");
+                    // Kept from what planning read, the input is what reading it again keeps.
+                    let body = format!(r#"{{"input":{text}}}"#);
+                    let ids = InputIds::new("resp_0123456789abcdef01234567");
+                    for own_from in [0, history.len(), history.len() + 1] {
+                        assert_eq!(
+                            expansion.stored(own_from, &ids),
+                            input_items(body.as_bytes(), own_from, &ids),
+                            "{record_text} + {own_text} from {own_from}"
+                        );
+                    }
                 }
             }
         }
