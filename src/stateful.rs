@@ -13,9 +13,6 @@
 //! its whole history and no `previous_response_id` at all.
 
 use std::borrow::Cow;
-// The maps here hold one request's item ids, hashed several times each for a long history:
-// foldhash, seeded per process, takes a fraction of SipHash's instructions for an id.
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future as _;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +21,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+// The maps here hold one request's item ids, hashed several times each for a long history:
+// foldhash, seeded per process, takes a fraction of SipHash's instructions for an id.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use http::{HeaderValue, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -554,10 +554,11 @@ impl Head {
     }
 }
 
-/// The text of the `input` a continued request is planned with: the history's items, then the
-/// request's own (`own` is its `input`; `own_items` the items of an array), each reference
-/// replaced by the first earlier item with its id, else by the item the index `resolved` it
-/// to, else kept for the upstream or the translator. Every item is copied as its text.
+/// The `input` a continued request is planned with (its text; with `kept`, also its items'
+/// places and heads for storing the answer): the history's items, then the request's own
+/// (`own` is its `input`; `own_items` the items of an array), each reference replaced by the
+/// first earlier item with its id, else by the item the index `resolved` it to, else kept for
+/// the upstream or the translator. Every item is copied as its text.
 fn expanded(
     history: &[&ItemSpan<'_>],
     own: &Loose<'_, ItemSpan<'_>>,
