@@ -783,7 +783,7 @@ async fn llm(
         _ => None,
     };
     let (bytes, obj) = match &prepared {
-        Some(p) if p.rewritten => (&p.body, p.object(&obj)),
+        Some(p) if p.rewritten() => (&p.body, p.object(&obj)),
         _ => (&bytes, obj),
     };
     let mut plan = Plan::new(protocol, bytes, obj, &model, &client_model)?;

@@ -291,8 +291,6 @@ impl ResponseStore {
 pub struct Prepared {
     /// The body to plan with: the client's, or one with the conversation expanded in.
     pub body: Bytes,
-    /// True when `body` is not the client's.
-    pub rewritten: bool,
     /// The client's `store` (default true).
     pub store: bool,
     /// The client's `previous_response_id`, echoed in the reply.
@@ -301,20 +299,25 @@ pub struct Prepared {
     pub pinned: Option<String>,
     /// Input items from this index on are the request's own (before: expanded history).
     own_from: usize,
-    /// The expanded `input`, when `body` is rewritten.
-    expansion: Arc<Expansion>,
+    /// The expanded `input`, when there is one: `body` is then not the client's.
+    expansion: Option<Arc<Expansion>>,
 }
 
 impl Prepared {
+    /// True when `body` is not the client's.
+    pub fn rewritten(&self) -> bool {
+        self.expansion.is_some()
+    }
+
     /// The client's body object as planned: when it is rewritten, without
     /// `previous_response_id` and with `input` expanded. Made from the client's object (each
     /// value checked there, the stored items checked when they were first sent or written by
     /// the gateway), so the rewritten body is not read again.
     pub fn object<'a>(&'a self, client: &RawObject<'a>) -> RawObject<'a> {
         let mut body = client.clone();
-        if self.rewritten {
+        if let Some(expansion) = &self.expansion {
             body.remove("previous_response_id");
-            body.set_text("input", Cow::Borrowed(&self.expansion.text));
+            body.set_text("input", Cow::Borrowed(&expansion.text));
         }
         body
     }
@@ -359,12 +362,11 @@ pub async fn prepare(
     };
     let mut prepared = Prepared {
         body: bytes.clone(),
-        rewritten: false,
         store: flag,
         previous: previous.clone(),
         pinned: None,
         own_from: 0,
-        expansion: Arc::default(),
+        expansion: None,
     };
     let input_raw = obj.get_present("input").map(|r| r.get());
     let references =
@@ -473,14 +475,13 @@ pub async fn prepare(
         }
     }
     prepared.own_from = history.len();
-    prepared.expansion = Arc::new(expanded(
+    prepared.expansion = Some(Arc::new(expanded(
         &history,
         &own,
         own_items,
         &resolved,
         prepared.store,
-    ));
-    prepared.rewritten = true;
+    )));
     prepared.body = Bytes::from(prepared.object(obj).to_vec());
     Ok(prepared)
 }
@@ -515,7 +516,7 @@ fn first_by_id<'i, 'a: 'i>(
 /// A continued request's `input` as planned: its text, and when its answer is to be kept,
 /// where each item lies in it with what keeping it reads of the item, so the record is made
 /// without reading the input again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Expansion {
     text: String,
     items: Vec<(Range<usize>, Head)>,
@@ -532,7 +533,7 @@ impl Expansion {
 
 /// An item's id and type as keeping it reads them ([`ItemHead`]), owned: only whether each is
 /// absent, a string or anything else counts, so anything else is kept as `null`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Head {
     id: Loose<'static>,
     kind: Loose<'static>,
@@ -975,7 +976,7 @@ pub async fn finish(
         key: key.to_owned(),
         served,
         body: prepared.body.clone(),
-        expansion: prepared.rewritten.then(|| prepared.expansion.clone()),
+        expansion: prepared.expansion.clone(),
         own_from: prepared.own_from,
     };
     if body::is_event_stream(resp.headers()) {
