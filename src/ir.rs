@@ -295,6 +295,54 @@ pub fn mint_id(prefix: &str) -> String {
     id
 }
 
+/// The prefixes of the item ids that can name their answer ([`named_item_id`]): a message's,
+/// any other input item's, and an answer's reasoning, function call, custom tool call and
+/// local shell call.
+const NAMING_PREFIXES: [&str; 6] = ["msg_", "item_", "rs_", "fc_", "ctc_", "lsh_"];
+
+/// Where an answer's output items are numbered from in the ids that name it: input items are
+/// numbered from 0, so the two never share an id.
+pub const OUTPUT_PLACE: u32 = 0x8000_0000;
+
+/// The 24 hex digits of an answer id the gateway minted (`resp_` and those digits), the part
+/// of it that the ids of its items repeat.
+pub fn answer_digits(answer_id: &str) -> Option<[u8; 24]> {
+    let hex = answer_id.strip_prefix("resp_")?;
+    is_lower_hex(hex, 24).then(|| hex.as_bytes().try_into().ok())?
+}
+
+/// The id of an item at `place` in a stored answer whose own id has `answer` as its digits:
+/// `prefix`, those 24 digits, and the place as 8 more. A reference to the item then finds the
+/// answer that holds it from the id alone ([`answer_named_by`]), with no entry in the store's
+/// item index: an index entry for each item would cost a store write per item per turn.
+pub fn named_item_id(answer: &[u8; 24], prefix: &str, place: u32) -> String {
+    let mut digits = [0u8; 32];
+    digits[..24].copy_from_slice(answer);
+    hex_digits(&mut digits[24..], u64::from(place));
+    // Hex digits are ASCII.
+    [prefix, std::str::from_utf8(&digits).unwrap_or_default()].concat()
+}
+
+/// The answer an item id made by [`named_item_id`] names, if it is one.
+pub fn answer_named_by(id: &str) -> Option<String> {
+    let hex = named_digits(id)?;
+    Some(["resp_", &hex[..24]].concat())
+}
+
+/// Whether `id` has the form of an id made by [`named_item_id`].
+pub fn names_an_answer(id: &str) -> bool {
+    named_digits(id).is_some()
+}
+
+fn named_digits(id: &str) -> Option<&str> {
+    let hex = NAMING_PREFIXES.iter().find_map(|p| id.strip_prefix(p))?;
+    is_lower_hex(hex, 32).then_some(hex)
+}
+
+fn is_lower_hex(text: &str, len: usize) -> bool {
+    text.len() == len && (text.bytes()).all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,14 +3,15 @@
 //! Two kinds of record, both under the key that made them (another key's id is simply absent):
 //! - a translated response (chat or messages upstream, or the built-in mock): the gateway is the
 //!   only one that knows it, so it keeps the response object as served and the request's input
-//!   items (after expansion), and indexes the item ids it holds for `item_reference` (an input
-//!   item it gave an id names the response in it instead: [`InputIds`]);
+//!   items (after expansion), and indexes the ids of the items it holds for `item_reference`,
+//!   but for the ids the gateway gave them, which name the response that made them
+//!   ([`ir::named_item_id`]: its output items' and the input items it completed, [`InputIds`]);
 //! - a passthrough response (a responses upstream): the upstream keeps it; the gateway only
 //!   remembers which upstream, so reads, deletes and follow-up turns go back there.
 //!
-//! `item_reference` is resolved through a per-key item index (item id → response id) rather
-//! than only within the `previous_response_id` chain, because the AI SDK sends references with
-//! its whole history and no `previous_response_id` at all.
+//! `item_reference` is resolved by the id's own answer or a per-key item index (item id →
+//! response id) rather than only within the `previous_response_id` chain, because the AI SDK
+//! sends references with its whole history and no `previous_response_id` at all.
 
 use std::borrow::Cow;
 use std::future::Future as _;
@@ -35,6 +36,7 @@ use tokio::sync::oneshot;
 use crate::body::{self, Body, BoxError};
 use crate::config::StoreSettings;
 use crate::error::{ErrorKind, GatewayError};
+use crate::ir;
 use crate::json::RawObject;
 use crate::sse::{EventRef, EventTooLarge, SseDecoder};
 use crate::store::{RedisStore, StoreError};
@@ -438,21 +440,57 @@ pub async fn prepare(
             (None, None) => {}
         }
     }
-    // An id the index does not hold may name its answer itself (an input item's minted id).
-    let holders: Vec<Option<Arc<str>>> = (store.get_raw_all(key, Kind::Item, &wanted).await)
-        .map_err(|e| store_failed(&e))?
-        .into_iter()
-        .zip(&wanted)
-        .map(|(held, id)| held.or_else(|| named_answer(id).map(Arc::from)))
+    // An id of the form the gateway gives the items of the answers it keeps names the answer
+    // that holds it; only others are asked of the index (one round trip to Redis for all).
+    let unnamed: Vec<&str> = (wanted.iter().copied())
+        .filter(|id| !ir::names_an_answer(id))
         .collect();
-    let mut responses: Vec<&str> = Vec::new();
-    for holder in holders.iter().flatten() {
-        if !responses.contains(&&**holder) {
-            responses.push(holder);
+    let mut indexed = match unnamed.is_empty() {
+        true => Vec::new(),
+        false => {
+            (store.get_raw_all(key, Kind::Item, &unnamed).await).map_err(|e| store_failed(&e))?
+        }
+    }
+    .into_iter();
+    let holders: Vec<Option<Arc<str>>> = (wanted.iter())
+        .map(|id| match ir::answer_named_by(id) {
+            Some(answer) => Some(Arc::from(answer)),
+            None => indexed.next().flatten(),
+        })
+        .collect();
+    // The latest answer a request refers to is read first: it holds, copied into its input,
+    // whatever the turns before it referred to. An AI SDK turn refers to every earlier answer,
+    // the last one after all the others, so this one read resolves it, however long the
+    // conversation; the records of references it does not hold are then read together.
+    let latest = holders.iter().rev().flatten().next().cloned();
+    let latest_text = match &latest {
+        Some(id) => (store.get_raw_all(key, Kind::Response, &[id]).await)
+            .map_err(|e| store_failed(&e))?
+            .pop()
+            .flatten(),
+        None => None,
+    };
+    let latest_record = (latest_text.as_deref().map(StoredRecord::read))
+        .transpose()
+        .map_err(|e| store_failed(&e))?;
+    let latest_items = (latest_record.as_ref())
+        .map(|r| first_by_id(r.items(), 0))
+        .unwrap_or_default();
+    // The records of the references the latest does not hold, each once.
+    let mut others: Vec<&str> = Vec::new();
+    for (id, holder) in wanted.iter().zip(&holders) {
+        let Some(holder) = holder.as_deref() else {
+            continue;
+        };
+        if !latest_items.contains_key(id)
+            && latest.as_deref() != Some(holder)
+            && !others.contains(&holder)
+        {
+            others.push(holder);
         }
     }
     let texts =
-        (store.get_raw_all(key, Kind::Response, &responses).await).map_err(|e| store_failed(&e))?;
+        (store.get_raw_all(key, Kind::Response, &others).await).map_err(|e| store_failed(&e))?;
     let records = (texts.iter())
         .map(|text| text.as_deref().map(StoredRecord::read).transpose())
         .collect::<Result<Vec<_>, _>>()
@@ -467,9 +505,10 @@ pub async fn prepare(
         .collect();
     let mut resolved: HashMap<&str, &ItemSpan<'_>> = HashMap::with_capacity(wanted.len());
     for (id, holder) in wanted.iter().zip(&holders) {
-        let item = (holder.as_deref())
-            .and_then(|h| responses.iter().position(|r| *r == h))
-            .and_then(|at| found.get(at)?.get(id));
+        let item = latest_items.get(id).or_else(|| {
+            let at = others.iter().position(|r| Some(*r) == holder.as_deref())?;
+            found.get(at)?.get(id)
+        });
         if let Some(item) = item {
             resolved.insert(id, item);
         }
@@ -623,18 +662,16 @@ fn printable(id: &str) -> String {
 
 /// Gives an input item (at `place` in its answer's input) an id when it has none, so
 /// `input_items` can page through it, and an easy-form message its type, so it reads back in
-/// the full form OpenAI lists. True when the id is one `ids` made.
-fn complete_item(item: &mut Value, ids: &InputIds, place: usize) -> bool {
+/// the full form OpenAI lists.
+fn complete_item(item: &mut Value, ids: &InputIds, place: usize) {
     let Some(obj) = item.as_object_mut() else {
-        return false;
+        return;
     };
-    let minted = !obj.get("id").is_some_and(Value::is_string);
-    if minted {
+    if !obj.get("id").is_some_and(Value::is_string) {
         let id = ids.mint(obj.get("type").and_then(Value::as_str), place);
         obj.insert("id".to_owned(), Value::String(id));
     }
     obj.entry("type").or_insert_with(|| Value::from("message"));
-    minted
 }
 
 /// The user message a string `input` stands for, with `id` when it has one, written as serde
@@ -656,21 +693,19 @@ fn user_message(text: &str, id: Option<&str>) -> String {
 
 /// Ids for the input items of one stored answer that came without one. An answer the gateway
 /// translated has an id it minted (`resp_` and 24 hex digits); each item's id then names it and
-/// the item's place (`msg_` or `item_`, those 24 digits, the place as 8 more), so a reference to
-/// it finds its record without an entry in the item index: a client that sends its whole
-/// history in easy form on every turn has each of its items given a new id every turn, and an
-/// index entry each would cost a store write per item per turn. Any other answer id: random
-/// ids, indexed.
+/// the item's place ([`ir::named_item_id`]), as the translator's ids for the answer's output
+/// items do, so a reference to it finds its record without an entry in the item index: a
+/// client that sends its whole history in easy form on every turn has each of its items given a
+/// new id every turn. Any other answer id: random ids, indexed.
 struct InputIds {
     answer: Option<[u8; 24]>,
 }
 
 impl InputIds {
     fn new(answer_id: &str) -> Self {
-        let answer = (answer_id.strip_prefix("resp_"))
-            .filter(|hex| is_lower_hex(hex, 24))
-            .and_then(|hex| hex.as_bytes().try_into().ok());
-        Self { answer }
+        Self {
+            answer: ir::answer_digits(answer_id),
+        }
     }
 
     /// A new id for an item of type `kind` at `place` in the answer's input.
@@ -679,33 +714,17 @@ impl InputIds {
             None | Some("message") => "msg_",
             Some(_) => "item_",
         };
-        let Some(answer) = &self.answer else {
-            return crate::ir::mint_id(prefix);
-        };
-        let mut digits = [0u8; 32];
-        digits[..24].copy_from_slice(answer);
-        crate::ir::hex_digits(&mut digits[24..], place as u64);
-        // Hex digits are ASCII.
-        [prefix, std::str::from_utf8(&digits).unwrap_or_default()].concat()
+        match &self.answer {
+            // An input of 2^31 items is far beyond any body the gateway reads.
+            Some(answer) => ir::named_item_id(answer, prefix, place as u32 & !ir::OUTPUT_PLACE),
+            None => ir::mint_id(prefix),
+        }
     }
 
     /// True when the ids it makes name their answer, so they need no index entry.
     fn names_answer(&self) -> bool {
         self.answer.is_some()
     }
-}
-
-/// The answer whose record holds the input item `id`, when the id is one [`InputIds`] made to
-/// name it.
-fn named_answer(id: &str) -> Option<String> {
-    let hex = (id.strip_prefix("msg_"))
-        .or_else(|| id.strip_prefix("item_"))
-        .filter(|hex| is_lower_hex(hex, 32))?;
-    Some(["resp_", &hex[..24]].concat())
-}
-
-fn is_lower_hex(text: &str, len: usize) -> bool {
-    text.len() == len && (text.bytes()).all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 lax_struct! {
@@ -817,28 +836,27 @@ fn stored_input<'t, 'a: 't>(
         if text.len() > 1 {
             text.push(',');
         }
-        // The item's id, and whether it is one that names this answer (not indexed).
-        let (id, named) = match (head_id, raw.strip_prefix('{')) {
+        let id = match (head_id, raw.strip_prefix('{')) {
             // Not an object: kept as it is, with no id.
             (_, None) => {
                 text.push_str(raw);
-                (None, false)
+                None
             }
             (Loose::Str(id), Some(_)) if !matches!(head_kind, Loose::Absent) => {
                 text.push_str(raw);
-                (Some(id.to_string()), false)
+                Some(id.to_string())
             }
             (Loose::Str(_) | Loose::Absent, Some(members)) => {
                 text.push('{');
-                let (id, named) = match head_id {
-                    Loose::Str(id) => (id.to_string(), false),
+                let id = match head_id {
+                    Loose::Str(id) => id.to_string(),
                     _ => {
                         // A minted id is letters, digits and `_`: nothing to escape.
                         let id = minted.mint(head_kind.as_str(), i);
                         text.push_str("\"id\":\"");
                         text.push_str(&id);
                         text.push_str("\",");
-                        (id, minted.names_answer())
+                        id
                     }
                 };
                 if matches!(head_kind, Loose::Absent) {
@@ -848,19 +866,20 @@ fn stored_input<'t, 'a: 't>(
                     text.pop();
                 }
                 text.push_str(members);
-                (Some(id), named)
+                Some(id)
             }
             (_, Some(_)) => {
                 let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
-                let made = complete_item(&mut tree, minted, i);
+                complete_item(&mut tree, minted, i);
                 let written = serde_json::to_string(&tree).unwrap_or_else(|_| "null".to_owned());
                 text.push_str(&written);
-                let id = tree.get("id").and_then(Value::as_str).map(str::to_owned);
-                (id, made && minted.names_answer())
+                tree.get("id").and_then(Value::as_str).map(str::to_owned)
             }
         };
-        if i >= own_from && !named {
-            ids.extend(id);
+        // An id that names its answer (this one's, minted here, or an earlier one's, copied
+        // from its record) is found from itself: it needs no index entry.
+        if i >= own_from {
+            ids.extend(id.filter(|id| !ir::names_an_answer(id)));
         }
     }
     text.push(']');
@@ -923,7 +942,12 @@ impl Job {
                     Some(expansion) => expansion.stored(self.own_from, &ids),
                     None => input_items(&self.body, self.own_from, &ids),
                 };
-                items.extend(answer.output.iter().cloned());
+                // The translator's ids for the output name this answer: none is indexed then.
+                items.extend(
+                    (answer.output.iter())
+                        .filter(|id| !ir::names_an_answer(id))
+                        .cloned(),
+                );
                 items.dedup();
                 let text = translated_text(&answer.text, &input);
                 self.store.put_text(&self.key, id, text, &items).await
@@ -1338,7 +1362,7 @@ mod tests {
     /// answer (the same whoever made it).
     fn id_kind(item: &Value, client: &[&str]) -> Option<String> {
         let id = item.get("id")?.as_str()?;
-        if client.contains(&id) || named_answer(id).is_some() {
+        if client.contains(&id) || ir::answer_named_by(id).is_some() {
             return Some(id.to_owned());
         }
         let prefix = ["msg_", "item_"].into_iter().find(|p| id.starts_with(p))?;
@@ -1383,7 +1407,7 @@ mod tests {
                             "{body}: {a} / {b}"
                         );
                         if let Some(id) = a.get("id").and_then(Value::as_str) {
-                            if let Some(named) = named_answer(id) {
+                            if let Some(named) = ir::answer_named_by(id) {
                                 assert_eq!(named, minted_answer, "{body}: {a}");
                                 assert_eq!(&id[id.len() - 8..], format!("{place:08x}"));
                             }
@@ -1397,7 +1421,7 @@ mod tests {
                     }
                     let listed: Vec<&str> = (kept.iter().skip(own_from))
                         .filter_map(|i| i.get("id").and_then(Value::as_str))
-                        .filter(|id| named_answer(id).is_none())
+                        .filter(|id| ir::answer_named_by(id).is_none())
                         .collect();
                     assert_eq!(ids, listed, "{body} from {own_from}");
                     // A string input is written by hand: the bytes serde writes its tree as.
@@ -1421,7 +1445,7 @@ mod tests {
         let digits = "0123456789abcdef01234567";
         let ids = InputIds::new(&format!("resp_{digits}"));
         assert_eq!(
-            named_answer(&ids.mint(None, 7)).as_deref(),
+            ir::answer_named_by(&ids.mint(None, 7)).as_deref(),
             Some(&*format!("resp_{digits}"))
         );
         assert_eq!(
@@ -1438,10 +1462,10 @@ mod tests {
             format!("msg_{digits}000000070"),
             format!("msg_{digits}0000000G"),
             format!("msg_{}00000007", digits.to_uppercase()),
-            format!("fc_{digits}00000007"),
+            format!("call_{digits}00000007"),
             format!("resp_{digits}00000007"),
         ] {
-            assert_eq!(named_answer(&id), None, "{id}");
+            assert_eq!(ir::answer_named_by(&id), None, "{id}");
         }
         for answer in [
             "resp_1",
@@ -1452,7 +1476,7 @@ mod tests {
         ] {
             let random = InputIds::new(answer);
             assert!(!random.names_answer(), "{answer}");
-            assert_eq!(named_answer(&random.mint(None, 0)), None, "{answer}");
+            assert_eq!(ir::answer_named_by(&random.mint(None, 0)), None, "{answer}");
         }
     }
 

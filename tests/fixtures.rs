@@ -29,7 +29,8 @@ use serde_json::Value;
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
-/// Prefixes `ir::mint_id` is called with; a minted id is one of these plus 24 lowercase hex digits.
+/// Prefixes `ir::mint_id` is called with; a minted id is one of these plus 24 lowercase hex
+/// digits, or, for an item of a kept Responses answer, 32: the answer's 24 and the item's place.
 const MINTED_PREFIXES: [&str; 7] = [
     "chatcmpl-",
     "msg_",
@@ -174,9 +175,13 @@ struct Normaliser {
 
 impl Normaliser {
     fn minted(&mut self, s: &str) -> Option<String> {
+        let hex = |rest: &str| rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         let prefix = MINTED_PREFIXES.into_iter().find(|p| {
-            s.strip_prefix(p).is_some_and(|rest| {
-                rest.len() == 24 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            s.strip_prefix(p).is_some_and(|rest| match rest.len() {
+                24 => hex(rest),
+                // An item id naming its answer: only one whose answer came before it.
+                32 => hex(rest) && self.seen.contains_key(&format!("resp_{}", &rest[..24])),
+                _ => false,
             })
         })?;
         if let Some(m) = self.seen.get(s) {

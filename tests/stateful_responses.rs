@@ -371,6 +371,90 @@ async fn item_reference_is_replaced_by_the_stored_item() {
     assert_eq!(up.seen().len(), before);
 }
 
+/// Every item id the gateway gives a kept answer, streamed or not, names that answer (so a
+/// reference finds it with no index entry); an answer not kept gets random ones. An item
+/// copied into a later answer's input is that answer's too: once the answer that made it is
+/// deleted, a reference to it alone is unknown, and one beside a reference to the later
+/// answer is found there.
+#[tokio::test]
+async fn item_ids_name_their_answer_and_later_answers_hold_copies() {
+    let (up, gw) = start("").await;
+    let url = gw.base("/v1/responses");
+    let named = |answer: &Value| format!("msg_{}80000000", &answer["id"].as_str().unwrap()[5..]);
+    let (_, first) = post_as(KEY, &url, &json!({"model": "on-chat", "input": "q1"})).await;
+    let item = first["output"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(item, named(&first), "{first}");
+    let text = post_text(
+        &url,
+        &json!({"model": "on-chat", "input": "s", "stream": true}),
+    )
+    .await;
+    let streamed = completed(&text);
+    assert_eq!(streamed["output"][0]["id"], named(&streamed), "{streamed}");
+    let (_, unkept) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": "q", "store": false}),
+    )
+    .await;
+    assert_ne!(unkept["output"][0]["id"], named(&unkept), "{unkept}");
+
+    let (s, second) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"role": "user", "content": "q1"},
+            {"type": "item_reference", "id": item},
+            {"role": "user", "content": "q2"}
+        ]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{second}");
+    let answer = first["id"].as_str().unwrap();
+    let (s, _) = call(
+        reqwest::Method::DELETE,
+        KEY,
+        &gw.base(&format!("/v1/responses/{answer}")),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let before = up.seen().len();
+    let (s, v) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"role": "user", "content": "q"},
+            {"type": "item_reference", "id": item}
+        ]}),
+    )
+    .await;
+    assert_openai_error(s, &v, 404, Some("input[1].id"));
+    assert_eq!(up.seen().len(), before);
+    let (s, v) = post_as(
+        KEY,
+        &url,
+        &json!({"model": "on-chat", "input": [
+            {"role": "user", "content": "q1"},
+            {"type": "item_reference", "id": item},
+            {"role": "user", "content": "q2"},
+            {"type": "item_reference", "id": second["output"][0]["id"]},
+            {"role": "user", "content": "q3"}
+        ]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        conversation(&up.last()),
+        pairs(&[
+            ("user", "q1"),
+            ("assistant", "reply-1"),
+            ("user", "q2"),
+            ("assistant", "reply-2"),
+            ("user", "q3")
+        ])
+    );
+}
+
 /// The AI SDK's way with `store` left on: every turn sends the whole history, its earlier
 /// answers as `item_reference`s, and no `previous_response_id`. Each turn reaches the upstream
 /// with every earlier turn in order; so does a request referring into two conversations. The
@@ -968,6 +1052,40 @@ impl RedisServer {
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
+
+    /// The text of a bulk-string reply to the inline command `command`.
+    fn bulk(&self, command: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        let mut buf = [0_u8; 4096];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "redis closed before its reply to {command}");
+            reply.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&reply);
+            let (head, body) = text.split_once("\r\n").unwrap_or((&text, ""));
+            let len: usize = head.trim_start_matches('$').parse().unwrap();
+            if body.len() >= len + 2 {
+                return body[..len].to_owned();
+            }
+        }
+    }
+
+    /// How many times Redis has run `command` (lowercase) since it started.
+    fn calls(&self, command: &str) -> u64 {
+        let stats = self.bulk("INFO commandstats");
+        let line = format!("cmdstat_{command}:calls=");
+        (stats.lines())
+            .find_map(|l| l.strip_prefix(&line))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
+
+    /// How many keys match `pattern`.
+    fn count_keys(&self, pattern: &str) -> u64 {
+        let script = format!("EVAL \"return tostring(#redis.call('KEYS', ARGV[1]))\" 0 {pattern}");
+        self.bulk(&script).parse().unwrap()
+    }
 }
 
 impl Drop for RedisServer {
@@ -1074,6 +1192,46 @@ async fn in_redis_two_gateways_share_stored_responses() {
 async fn in_redis_whole_histories_of_references_continue_on_either_instance() {
     let (_redis, up, one, two) = two_gateways_on_redis().await;
     whole_histories_of_references(&one, &two, &up).await;
+}
+
+/// An AI SDK turn costs the store one write and one read however long its conversation: the
+/// gateway's item ids name the answers holding them, so no item goes into the index, and the
+/// last answer a turn refers to holds every earlier item. (Indexing each item, every turn wrote
+/// an entry for each earlier answer and read the index before the record.)
+#[tokio::test]
+async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let up = FakeUpstream::start(upstream).await;
+    let gw = start_redis(&up, &redis, "").await;
+    let url = gw.base("/v1/responses");
+    let mut input = Vec::new();
+    let mut want = Vec::new();
+    for turn in 1..=10 {
+        let question = format!("q{turn}");
+        input.push(json!({"role": "user", "content": question}));
+        want.push(("user".to_owned(), question));
+        let counts = || {
+            let (sets, gets) = (redis.calls("set"), redis.calls("get"));
+            (sets, gets + redis.calls("mget"))
+        };
+        let before = counts();
+        let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": input})).await;
+        let after = counts();
+        assert_eq!(s, 200, "turn {turn}: {v}");
+        assert_eq!(conversation(&up.last()), want, "turn {turn}");
+        let reads = if turn == 1 { 0 } else { 1 };
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1, reads),
+            "turn {turn}: writes and reads"
+        );
+        input.push(json!({"type": "item_reference", "id": v["output"][0]["id"]}));
+        want.push(("assistant".to_owned(), format!("reply-{turn}")));
+    }
+    assert_eq!(redis.count_keys("modelgate:{test}:item:*"), 0);
+    assert_eq!(redis.count_keys("modelgate:{test}:resp:*"), 10);
 }
 
 #[tokio::test]

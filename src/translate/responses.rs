@@ -583,11 +583,17 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
             "completed"
         }
     };
+    let id = if echo.fresh_id {
+        ir::mint_id("resp_")
+    } else {
+        reprefix(&r.id, "resp_")
+    };
+    let ids = OutputIds::new(&id, echo);
     let mut output = Vec::new();
     let mut text = String::new();
     let flush = |text: &mut String, output: &mut Vec<Item>, status: &str| {
         if !text.is_empty() {
-            output.push(Item::message(ir::mint_id("msg_"), text, status));
+            output.push(Item::message(ids.mint("msg_", output.len()), text, status));
             text.clear();
         }
     };
@@ -597,7 +603,7 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
             Part::Reasoning(rs) => {
                 flush(&mut text, &mut output, "completed");
                 output.push(Item::reasoning(
-                    ir::mint_id("rs_"),
+                    ids.mint("rs_", output.len()),
                     &rs.text,
                     rs.signature.as_deref(),
                 ));
@@ -614,19 +620,42 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
                     name,
                     arguments,
                 };
-                let item_id = ir::mint_id(call_id_prefix(tool));
+                let item_id = ids.mint(call_id_prefix(tool), output.len());
                 output.push(Item::call(tool, item_id, &call, status_at(i)));
             }
             _ => {}
         }
     }
     flush(&mut text, &mut output, status);
-    let id = if echo.fresh_id {
-        ir::mint_id("resp_")
-    } else {
-        reprefix(&r.id, "resp_")
-    };
     ReplyParts { id, status, output }
+}
+
+/// Ids for an answer's output items. An answer that is kept has an id the gateway minted, and
+/// each of its items an id naming it and the item's place ([`ir::named_item_id`]): the store
+/// then finds the item's answer from a reference to it alone, without an index entry.
+#[derive(Debug)]
+pub(crate) struct OutputIds(Option<[u8; 24]>);
+
+impl OutputIds {
+    pub(crate) fn new(answer_id: &str, echo: &Echo) -> Self {
+        Self(
+            echo.fresh_id
+                .then(|| ir::answer_digits(answer_id))
+                .flatten(),
+        )
+    }
+
+    /// The id of the item with `prefix` at `output_index`.
+    pub(crate) fn mint(&self, prefix: &str, output_index: usize) -> String {
+        match &self.0 {
+            // An answer of 2^31 items is far beyond any the gateway reads.
+            Some(answer) => {
+                let place = ir::OUTPUT_PLACE | (output_index as u32 & !ir::OUTPUT_PLACE);
+                ir::named_item_id(answer, prefix, place)
+            }
+            None => ir::mint_id(prefix),
+        }
+    }
 }
 
 /// Writes the reply a responses client expects, as a `Value`.
@@ -934,6 +963,46 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// A kept reply's items have ids naming it and their place among its output, as a
+    /// stream's do; a reply not kept gets random ones.
+    #[test]
+    fn a_kept_replys_item_ids_name_it() {
+        let r = ir::Response {
+            content: vec![
+                Part::Reasoning(Reasoning {
+                    text: "why".into(),
+                    signature: None,
+                    redacted: None,
+                }),
+                Part::Text("so".into()),
+                Part::ToolCall {
+                    id: "call_1".into(),
+                    name: "f".into(),
+                    arguments: "{}".into(),
+                },
+            ],
+            ..ir::Response::default()
+        };
+        for fresh_id in [true, false] {
+            let echo = Echo {
+                fresh_id,
+                ..Echo::default()
+            };
+            let p = reply_parts(&r, &echo, &ToolMap::default());
+            assert_eq!(p.output.len(), 3);
+            for (place, (item, prefix)) in p.output.iter().zip(["rs_", "msg_", "fc_"]).enumerate() {
+                assert!(item.id.starts_with(prefix), "{}", item.id);
+                let named = ir::answer_named_by(&item.id);
+                if fresh_id {
+                    assert_eq!(named.as_deref(), Some(&*p.id));
+                    assert!(item.id.ends_with(&format!("{:08x}", 0x8000_0000 + place)));
+                } else {
+                    assert_eq!(named, None, "{}", item.id);
                 }
             }
         }

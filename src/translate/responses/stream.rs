@@ -544,6 +544,8 @@ impl FinalSlot {
 #[derive(Debug)]
 pub struct StreamEncoder {
     id: String,
+    /// The output items' ids, which name `id` when the answer is kept.
+    ids: OutputIds,
     model: String,
     created: u64,
     echo: Arc<Echo>,
@@ -566,8 +568,10 @@ pub struct StreamEncoder {
 
 impl StreamEncoder {
     pub fn new(client_model: &str, echo: Arc<Echo>, client_tools: Arc<ToolMap>) -> Self {
+        let id = ir::mint_id("resp_");
         Self {
-            id: ir::mint_id("resp_"),
+            ids: OutputIds::new(&id, &echo),
+            id,
             model: client_model.to_owned(),
             created: ir::now_secs(),
             echo,
@@ -849,8 +853,8 @@ impl StreamEncoder {
             Event::ReasoningDelta(t) => {
                 if !matches!(self.open, Some(OpenItem::Reasoning { .. })) {
                     self.close(out);
-                    let id = ir::mint_id("rs_");
                     let output_index = self.output.len();
+                    let id = self.ids.mint("rs_", output_index);
                     self.emit(
                         out,
                         "response.output_item.added",
@@ -891,8 +895,8 @@ impl StreamEncoder {
             Event::TextDelta(t) => {
                 if !matches!(self.open, Some(OpenItem::Message { .. })) {
                     self.close(out);
-                    let id = ir::mint_id("msg_");
                     let output_index = self.output.len();
+                    let id = self.ids.mint("msg_", output_index);
                     self.emit(
                         out,
                         "response.output_item.added",
@@ -932,8 +936,8 @@ impl StreamEncoder {
             } => {
                 self.close(out);
                 let kind = self.client_tools.get(&name).cloned();
-                let id = ir::mint_id(call_id_prefix(kind.as_ref()));
                 let output_index = self.output.len();
+                let id = self.ids.mint(call_id_prefix(kind.as_ref()), output_index);
                 self.calls.push((index, id.clone(), output_index));
                 if kind != Some(ClientTool::LocalShell) {
                     let call = CallParts {
@@ -1275,6 +1279,49 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let item = serde_json::to_string(&output[0]).unwrap();
         assert!(text.contains(&item), "{item}");
+    }
+
+    /// A kept answer's items have ids naming it and their place among its output (the store
+    /// finds them from that alone); an answer not kept gets random ones.
+    #[test]
+    fn a_kept_answers_item_ids_name_it() {
+        for fresh_id in [true, false] {
+            let echo = Arc::new(Echo {
+                fresh_id,
+                ..Echo::default()
+            });
+            let mut e = StreamEncoder::new("m", echo, Arc::default());
+            let mut out = Vec::new();
+            for ev in [
+                Event::ReasoningDelta("why".into()),
+                Event::TextDelta("so".into()),
+                Event::ToolStart {
+                    index: 0,
+                    id: "call_0".into(),
+                    name: "f".into(),
+                },
+                Event::Finish(Finish::ToolUse),
+                Event::End,
+            ] {
+                e.encode(ev, &mut out);
+            }
+            let done = &events_named(&out, "response.completed")[0]["response"];
+            let answer = done["id"].as_str().unwrap();
+            let ids: Vec<&str> = (done["output"].as_array().unwrap().iter())
+                .map(|i| i["id"].as_str().unwrap())
+                .collect();
+            assert_eq!(ids.len(), 3, "{done}");
+            for (place, (id, prefix)) in ids.iter().zip(["rs_", "msg_", "fc_"]).enumerate() {
+                assert!(id.starts_with(prefix), "{id}");
+                let named = ir::answer_named_by(id);
+                if fresh_id {
+                    assert_eq!(named.as_deref(), Some(answer), "{id}");
+                    assert_eq!(&id[id.len() - 8..], format!("{:08x}", 0x8000_0000 + place));
+                } else {
+                    assert_eq!(named, None, "{id}");
+                }
+            }
+        }
     }
 
     fn decoded(event: Option<&str>, data: &str) -> Vec<Event> {
