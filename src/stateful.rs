@@ -809,7 +809,7 @@ fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> (String, Vec<
         Ok(Loose::Arr(items)) => items,
         Ok(Loose::Str(text)) => {
             let id = minted.mint(None, 0);
-            let item = format!("[{}]", user_message(&text, Some(&id)));
+            let item = ["[", &user_message(&text, Some(&id)), "]"].concat();
             let indexed = own_from == 0 && !minted.names_answer();
             return (item, if indexed { vec![id] } else { Vec::new() });
         }
