@@ -662,16 +662,18 @@ fn printable(id: &str) -> String {
 
 /// Gives an input item (at `place` in its answer's input) an id when it has none, so
 /// `input_items` can page through it, and an easy-form message its type, so it reads back in
-/// the full form OpenAI lists.
-fn complete_item(item: &mut Value, ids: &InputIds, place: usize) {
+/// the full form OpenAI lists. True when the id is one `ids` made.
+fn complete_item(item: &mut Value, ids: &InputIds, place: usize) -> bool {
     let Some(obj) = item.as_object_mut() else {
-        return;
+        return false;
     };
-    if !obj.get("id").is_some_and(Value::is_string) {
+    let minted = !obj.get("id").is_some_and(Value::is_string);
+    if minted {
         let id = ids.mint(obj.get("type").and_then(Value::as_str), place);
         obj.insert("id".to_owned(), Value::String(id));
     }
     obj.entry("type").or_insert_with(|| Value::from("message"));
+    minted
 }
 
 /// The user message a string `input` stands for, with `id` when it has one, written as serde
@@ -836,27 +838,28 @@ fn stored_input<'t, 'a: 't>(
         if text.len() > 1 {
             text.push(',');
         }
-        let id = match (head_id, raw.strip_prefix('{')) {
+        // The item's id, and whether it was minted here.
+        let (id, made) = match (head_id, raw.strip_prefix('{')) {
             // Not an object: kept as it is, with no id.
             (_, None) => {
                 text.push_str(raw);
-                None
+                (None, false)
             }
             (Loose::Str(id), Some(_)) if !matches!(head_kind, Loose::Absent) => {
                 text.push_str(raw);
-                Some(id.to_string())
+                (Some(id.to_string()), false)
             }
             (Loose::Str(_) | Loose::Absent, Some(members)) => {
                 text.push('{');
-                let id = match head_id {
-                    Loose::Str(id) => id.to_string(),
+                let (id, made) = match head_id {
+                    Loose::Str(id) => (id.to_string(), false),
                     _ => {
                         // A minted id is letters, digits and `_`: nothing to escape.
                         let id = minted.mint(head_kind.as_str(), i);
                         text.push_str("\"id\":\"");
                         text.push_str(&id);
                         text.push_str("\",");
-                        id
+                        (id, true)
                     }
                 };
                 if matches!(head_kind, Loose::Absent) {
@@ -866,20 +869,27 @@ fn stored_input<'t, 'a: 't>(
                     text.pop();
                 }
                 text.push_str(members);
-                Some(id)
+                (Some(id), made)
             }
             (_, Some(_)) => {
                 let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
-                complete_item(&mut tree, minted, i);
+                let made = complete_item(&mut tree, minted, i);
                 let written = serde_json::to_string(&tree).unwrap_or_else(|_| "null".to_owned());
                 text.push_str(&written);
-                tree.get("id").and_then(Value::as_str).map(str::to_owned)
+                (
+                    tree.get("id").and_then(Value::as_str).map(str::to_owned),
+                    made,
+                )
             }
         };
         // An id that names its answer (this one's, minted here, or an earlier one's, copied
         // from its record) is found from itself: it needs no index entry.
-        if i >= own_from {
-            ids.extend(id.filter(|id| !ir::names_an_answer(id)));
+        let named = match made {
+            true => minted.names_answer(),
+            false => id.as_deref().is_some_and(ir::names_an_answer),
+        };
+        if i >= own_from && !named {
+            ids.extend(id);
         }
     }
     text.push(']');
@@ -1464,6 +1474,8 @@ mod tests {
             format!("msg_{}00000007", digits.to_uppercase()),
             format!("call_{digits}00000007"),
             format!("resp_{digits}00000007"),
+            // The 32 digits' start falls inside a character.
+            format!("msg\u{e9}{digits}0000007"),
         ] {
             assert_eq!(ir::answer_named_by(&id), None, "{id}");
         }
