@@ -295,41 +295,73 @@ pub fn mint_id(prefix: &str) -> String {
     id
 }
 
-/// The prefixes of the item ids that can name their answer ([`named_item_id`]): a message's,
+/// The prefixes of the item ids that can name their answer ([`ItemIds`]): a message's,
 /// any other input item's, and an answer's reasoning, function call, custom tool call and
 /// local shell call.
 const NAMING_PREFIXES: [&str; 6] = ["msg_", "item_", "rs_", "fc_", "ctc_", "lsh_"];
 
 /// Where an answer's output items are numbered from in the ids that name it: input items are
 /// numbered from 0, so the two never share an id.
-pub const OUTPUT_PLACE: u32 = 0x8000_0000;
+const OUTPUT_PLACE: u32 = 0x8000_0000;
 
-/// The 24 hex digits of an answer id the gateway minted (`resp_` and those digits), the part
-/// of it that the ids of its items repeat.
-pub fn answer_digits(answer_id: &str) -> Option<[u8; 24]> {
-    let hex = answer_id.strip_prefix("resp_")?;
-    is_lower_hex(hex, 24).then(|| hex.as_bytes().try_into().ok())?
+/// Ids for the items of one answer. When the gateway minted the answer's id (`resp_` and 24 hex
+/// digits) and keeps the answer, each item's id names it: the item's prefix, those 24 digits and
+/// its place as 8 more (input items from 0, output items from `80000000`). A reference to the
+/// item then finds the answer that holds it from the id alone ([`answer_named_by`]), with no
+/// entry in the store's item index: an index entry for each item would cost a store write per
+/// item per turn. Otherwise random ids ([`mint_id`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ItemIds(Option<[u8; 24]>);
+
+impl ItemIds {
+    /// Ids naming the answer `answer_id` when it is one the gateway minted.
+    pub fn of(answer_id: &str) -> Self {
+        let hex = answer_id
+            .strip_prefix("resp_")
+            .filter(|h| is_lower_hex(h, 24));
+        Self(hex.and_then(|h| h.as_bytes().try_into().ok()))
+    }
+
+    /// Random ids, for an answer that is not kept.
+    pub fn random() -> Self {
+        Self(None)
+    }
+
+    /// True when the ids name their answer, so they need no index entry.
+    pub fn names_answer(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The id of the input item with `prefix` at `place` in the answer's input.
+    pub fn input(&self, prefix: &str, place: usize) -> String {
+        // An input of 2^31 items is far beyond any body the gateway reads.
+        self.at(prefix, place as u32 & !OUTPUT_PLACE)
+    }
+
+    /// The id of the output item with `prefix` at `index` in the answer's output.
+    pub fn output(&self, prefix: &str, index: usize) -> String {
+        self.at(prefix, OUTPUT_PLACE | (index as u32 & !OUTPUT_PLACE))
+    }
+
+    fn at(&self, prefix: &str, place: u32) -> String {
+        let Some(answer) = &self.0 else {
+            return mint_id(prefix);
+        };
+        let mut digits = [0u8; 32];
+        digits[..24].copy_from_slice(answer);
+        hex_digits(&mut digits[24..], u64::from(place));
+        // Hex digits are ASCII.
+        [prefix, std::str::from_utf8(&digits).unwrap_or_default()].concat()
+    }
 }
 
-/// The id of an item at `place` in a stored answer whose own id has `answer` as its digits:
-/// `prefix`, those 24 digits, and the place as 8 more. A reference to the item then finds the
-/// answer that holds it from the id alone ([`answer_named_by`]), with no entry in the store's
-/// item index: an index entry for each item would cost a store write per item per turn.
-pub fn named_item_id(answer: &[u8; 24], prefix: &str, place: u32) -> String {
-    let mut digits = [0u8; 32];
-    digits[..24].copy_from_slice(answer);
-    hex_digits(&mut digits[24..], u64::from(place));
-    // Hex digits are ASCII.
-    [prefix, std::str::from_utf8(&digits).unwrap_or_default()].concat()
-}
-
-/// The answer an item id made by [`named_item_id`] names, if it is one.
+/// The answer an item id made by [`ItemIds`] names, if it is one.
 pub fn answer_named_by(id: &str) -> Option<String> {
     let hex = named_digits(id)?;
     Some(["resp_", &hex[..24]].concat())
 }
 
-/// Whether `id` has the form of an id made by [`named_item_id`].
+/// Whether `id` has the form of an id made by [`ItemIds`] to name an answer.
 pub fn names_an_answer(id: &str) -> bool {
     named_digits(id).is_some()
 }

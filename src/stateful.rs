@@ -5,7 +5,7 @@
 //!   only one that knows it, so it keeps the response object as served and the request's input
 //!   items (after expansion), and indexes the ids of the items it holds for `item_reference`,
 //!   but for the ids the gateway gave them, which name the response that made them
-//!   ([`ir::named_item_id`]: its output items' and the input items it completed, [`InputIds`]);
+//!   ([`ir::ItemIds`]: its output items' and the input items it completed, [`InputIds`]);
 //! - a passthrough response (a responses upstream): the upstream keeps it; the gateway only
 //!   remembers which upstream, so reads, deletes and follow-up turns go back there.
 //!
@@ -442,8 +442,11 @@ pub async fn prepare(
     }
     // An id of the form the gateway gives the items of the answers it keeps names the answer
     // that holds it; only others are asked of the index (one round trip to Redis for all).
-    let unnamed: Vec<&str> = (wanted.iter().copied())
-        .filter(|id| !ir::names_an_answer(id))
+    let named: Vec<Option<Arc<str>>> = (wanted.iter())
+        .map(|id| ir::answer_named_by(id).map(Arc::from))
+        .collect();
+    let unnamed: Vec<&str> = (wanted.iter().zip(&named))
+        .filter_map(|(id, answer)| answer.is_none().then_some(*id))
         .collect();
     let mut indexed = match unnamed.is_empty() {
         true => Vec::new(),
@@ -452,11 +455,8 @@ pub async fn prepare(
         }
     }
     .into_iter();
-    let holders: Vec<Option<Arc<str>>> = (wanted.iter())
-        .map(|id| match ir::answer_named_by(id) {
-            Some(answer) => Some(Arc::from(answer)),
-            None => indexed.next().flatten(),
-        })
+    let holders: Vec<Option<Arc<str>>> = (named.into_iter())
+        .map(|answer| answer.or_else(|| indexed.next().flatten()))
         .collect();
     // The latest answer a request refers to is read first: it holds, copied into its input,
     // whatever the turns before it referred to. An AI SDK turn refers to every earlier answer,
@@ -693,21 +693,16 @@ fn user_message(text: &str, id: Option<&str>) -> String {
     String::from_utf8(item).unwrap_or_default()
 }
 
-/// Ids for the input items of one stored answer that came without one. An answer the gateway
-/// translated has an id it minted (`resp_` and 24 hex digits); each item's id then names it and
-/// the item's place ([`ir::named_item_id`]), as the translator's ids for the answer's output
-/// items do, so a reference to it finds its record without an entry in the item index: a
-/// client that sends its whole history in easy form on every turn has each of its items given a
-/// new id every turn. Any other answer id: random ids, indexed.
-struct InputIds {
-    answer: Option<[u8; 24]>,
-}
+/// Ids for the input items of one stored answer that came without one ([`ir::ItemIds`]): when
+/// the answer's id is one the gateway minted, each names it and the item's place, as the
+/// translator's ids for its output items do, so a reference to it finds its record without an
+/// entry in the item index (a client that sends its whole history in easy form on every turn
+/// has each of its items given a new id every turn). Any other answer id: random ids, indexed.
+struct InputIds(ir::ItemIds);
 
 impl InputIds {
     fn new(answer_id: &str) -> Self {
-        Self {
-            answer: ir::answer_digits(answer_id),
-        }
+        Self(ir::ItemIds::of(answer_id))
     }
 
     /// A new id for an item of type `kind` at `place` in the answer's input.
@@ -716,16 +711,12 @@ impl InputIds {
             None | Some("message") => "msg_",
             Some(_) => "item_",
         };
-        match &self.answer {
-            // An input of 2^31 items is far beyond any body the gateway reads.
-            Some(answer) => ir::named_item_id(answer, prefix, place as u32 & !ir::OUTPUT_PLACE),
-            None => ir::mint_id(prefix),
-        }
+        self.0.input(prefix, place)
     }
 
     /// True when the ids it makes name their answer, so they need no index entry.
     fn names_answer(&self) -> bool {
-        self.answer.is_some()
+        self.0.names_answer()
     }
 }
 

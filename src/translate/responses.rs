@@ -588,12 +588,16 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
     } else {
         reprefix(&r.id, "resp_")
     };
-    let ids = OutputIds::new(&id, echo);
+    let ids = output_ids(&id, echo);
     let mut output = Vec::new();
     let mut text = String::new();
     let flush = |text: &mut String, output: &mut Vec<Item>, status: &str| {
         if !text.is_empty() {
-            output.push(Item::message(ids.mint("msg_", output.len()), text, status));
+            output.push(Item::message(
+                ids.output("msg_", output.len()),
+                text,
+                status,
+            ));
             text.clear();
         }
     };
@@ -603,7 +607,7 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
             Part::Reasoning(rs) => {
                 flush(&mut text, &mut output, "completed");
                 output.push(Item::reasoning(
-                    ids.mint("rs_", output.len()),
+                    ids.output("rs_", output.len()),
                     &rs.text,
                     rs.signature.as_deref(),
                 ));
@@ -620,7 +624,7 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
                     name,
                     arguments,
                 };
-                let item_id = ids.mint(call_id_prefix(tool), output.len());
+                let item_id = ids.output(call_id_prefix(tool), output.len());
                 output.push(Item::call(tool, item_id, &call, status_at(i)));
             }
             _ => {}
@@ -630,31 +634,11 @@ fn reply_parts(r: &ir::Response, echo: &Echo, client_tools: &ToolMap) -> ReplyPa
     ReplyParts { id, status, output }
 }
 
-/// Ids for an answer's output items. An answer that is kept has an id the gateway minted, and
-/// each of its items an id naming it and the item's place ([`ir::named_item_id`]): the store
-/// then finds the item's answer from a reference to it alone, without an index entry.
-#[derive(Debug)]
-pub(crate) struct OutputIds(Option<[u8; 24]>);
-
-impl OutputIds {
-    pub(crate) fn new(answer_id: &str, echo: &Echo) -> Self {
-        Self(
-            echo.fresh_id
-                .then(|| ir::answer_digits(answer_id))
-                .flatten(),
-        )
-    }
-
-    /// The id of the item with `prefix` at `output_index`.
-    pub(crate) fn mint(&self, prefix: &str, output_index: usize) -> String {
-        match &self.0 {
-            // An answer of 2^31 items is far beyond any the gateway reads.
-            Some(answer) => {
-                let place = ir::OUTPUT_PLACE | (output_index as u32 & !ir::OUTPUT_PLACE);
-                ir::named_item_id(answer, prefix, place)
-            }
-            None => ir::mint_id(prefix),
-        }
+/// Ids for the output items of the answer `answer_id`: naming it when it is kept.
+pub(crate) fn output_ids(answer_id: &str, echo: &Echo) -> ir::ItemIds {
+    match echo.fresh_id {
+        true => ir::ItemIds::of(answer_id),
+        false => ir::ItemIds::random(),
     }
 }
 

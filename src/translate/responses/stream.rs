@@ -545,7 +545,7 @@ impl FinalSlot {
 pub struct StreamEncoder {
     id: String,
     /// The output items' ids, which name `id` when the answer is kept.
-    ids: OutputIds,
+    ids: ir::ItemIds,
     model: String,
     created: u64,
     echo: Arc<Echo>,
@@ -570,7 +570,7 @@ impl StreamEncoder {
     pub fn new(client_model: &str, echo: Arc<Echo>, client_tools: Arc<ToolMap>) -> Self {
         let id = ir::mint_id("resp_");
         Self {
-            ids: OutputIds::new(&id, &echo),
+            ids: output_ids(&id, &echo),
             id,
             model: client_model.to_owned(),
             created: ir::now_secs(),
@@ -854,7 +854,7 @@ impl StreamEncoder {
                 if !matches!(self.open, Some(OpenItem::Reasoning { .. })) {
                     self.close(out);
                     let output_index = self.output.len();
-                    let id = self.ids.mint("rs_", output_index);
+                    let id = self.ids.output("rs_", output_index);
                     self.emit(
                         out,
                         "response.output_item.added",
@@ -896,7 +896,7 @@ impl StreamEncoder {
                 if !matches!(self.open, Some(OpenItem::Message { .. })) {
                     self.close(out);
                     let output_index = self.output.len();
-                    let id = self.ids.mint("msg_", output_index);
+                    let id = self.ids.output("msg_", output_index);
                     self.emit(
                         out,
                         "response.output_item.added",
@@ -937,7 +937,7 @@ impl StreamEncoder {
                 self.close(out);
                 let kind = self.client_tools.get(&name).cloned();
                 let output_index = self.output.len();
-                let id = self.ids.mint(call_id_prefix(kind.as_ref()), output_index);
+                let id = self.ids.output(call_id_prefix(kind.as_ref()), output_index);
                 self.calls.push((index, id.clone(), output_index));
                 if kind != Some(ClientTool::LocalShell) {
                     let call = CallParts {
