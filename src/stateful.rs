@@ -71,8 +71,32 @@ pub struct ResponseStore {
 }
 
 enum Backend {
-    Local(moka::future::Cache<String, Arc<str>>),
+    Local(moka::future::Cache<String, Arc<Entry>>),
     Redis(Arc<RedisStore>),
+}
+
+/// One entry as the store gives it back: a record's text, or the id of the response an item
+/// id points at. A record this process wrote also keeps where its items lie ([`RecordIndex`]),
+/// so continuing from it does not read its history again; one from Redis is read.
+#[derive(Debug)]
+struct Entry {
+    text: String,
+    index: Option<RecordIndex>,
+}
+
+impl Entry {
+    fn text(text: String) -> Arc<Self> {
+        Arc::new(Self { text, index: None })
+    }
+
+    /// What the entry holds in bytes, for the in-process store's cap.
+    fn weight(&self) -> usize {
+        let index = self.index.as_ref().map_or(0, |i| {
+            let heads: usize = (i.input.iter()).map(|(_, h)| h.heap_len()).sum();
+            i.input.len() * std::mem::size_of::<(Range<usize>, Head)>() + heads
+        });
+        self.text.len() + index
+    }
 }
 
 /// The two kinds of entry: a response record, or an item id pointing at the response that holds it.
@@ -99,8 +123,8 @@ impl ResponseStore {
             None => Backend::Local(
                 moka::future::Cache::builder()
                     .max_capacity(settings.responses_max_bytes)
-                    .weigher(|k: &String, v: &Arc<str>| {
-                        u32::try_from(k.len() + v.len()).unwrap_or(u32::MAX)
+                    .weigher(|k: &String, v: &Arc<Entry>| {
+                        u32::try_from(k.len() + v.weight()).unwrap_or(u32::MAX)
                     })
                     .time_to_live(settings.responses_ttl)
                     // The oldest conversations go first; TinyLFU's admission would instead
@@ -121,7 +145,7 @@ impl ResponseStore {
     /// filled it is out, and the client does not wait for the store's bookkeeping (it reaches
     /// into the cache's cold lists and counters, several microseconds in a store grown large).
     /// One tidy-up queued at a time serves every write before it runs.
-    fn tidy_soon(&self, cache: &moka::future::Cache<String, Arc<str>>) {
+    fn tidy_soon(&self, cache: &moka::future::Cache<String, Arc<Entry>>) {
         if self.tidy_queued.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -164,16 +188,21 @@ impl ResponseStore {
         joined
     }
 
-    async fn get_raw(&self, key: &str, kind: Kind, id: &str) -> Result<Option<String>, StoreError> {
+    async fn get_raw(
+        &self,
+        key: &str,
+        kind: Kind,
+        id: &str,
+    ) -> Result<Option<Arc<Entry>>, StoreError> {
         if !storable(id) {
             return Ok(None);
         }
         match &self.backend {
-            Backend::Local(c) => Ok(c
-                .get(&Self::local_key(key, kind, id))
-                .await
-                .map(|v| v.to_string())),
-            Backend::Redis(r) => r.get(&Self::redis_key(key, kind, id)).await,
+            Backend::Local(c) => Ok(c.get(&Self::local_key(key, kind, id)).await),
+            Backend::Redis(r) => Ok(r
+                .get(&Self::redis_key(key, kind, id))
+                .await?
+                .map(Entry::text)),
         }
     }
 
@@ -181,7 +210,7 @@ impl ResponseStore {
     pub async fn get(&self, key: &str, id: &str) -> Result<Option<Record>, StoreError> {
         match self.get_raw(key, Kind::Response, id).await? {
             None => Ok(None),
-            Some(text) => serde_json::from_str(&text)
+            Some(entry) => serde_json::from_str(&entry.text)
                 .map(Some)
                 .map_err(|e| StoreError(format!("a stored response did not parse: {e}"))),
         }
@@ -197,16 +226,18 @@ impl ResponseStore {
     ) -> Result<(), StoreError> {
         let text = serde_json::to_string(record)
             .map_err(|e| StoreError(format!("a response could not be written: {e}")))?;
-        self.put_text(key, id, text, items).await
+        self.put_text(key, id, text, items, None).await
     }
 
-    /// [`Self::put`] for a record already written as text.
+    /// [`Self::put`] for a record already written as text, with where its items lie when it
+    /// is a translated one written here (the in-process store keeps that too).
     async fn put_text(
         &self,
         key: &str,
         id: &str,
         text: String,
         items: &[String],
+        index: Option<RecordIndex>,
     ) -> Result<(), StoreError> {
         if !storable(id) {
             return Err(StoreError(format!(
@@ -217,9 +248,10 @@ impl ResponseStore {
         let items = items.iter().filter(|i| storable(i));
         match &self.backend {
             Backend::Local(c) => {
-                c.insert(Self::local_key(key, Kind::Response, id), Arc::from(text))
+                let entry = Arc::new(Entry { text, index });
+                c.insert(Self::local_key(key, Kind::Response, id), entry)
                     .await;
-                let id: Arc<str> = Arc::from(id);
+                let id = Entry::text(id.to_owned());
                 for item in items {
                     c.insert(Self::local_key(key, Kind::Item, item), id.clone())
                         .await;
@@ -260,7 +292,7 @@ impl ResponseStore {
         key: &str,
         kind: Kind,
         ids: &[&str],
-    ) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+    ) -> Result<Vec<Option<Arc<Entry>>>, StoreError> {
         match &self.backend {
             Backend::Local(c) => {
                 let mut found = Vec::with_capacity(ids.len());
@@ -280,7 +312,7 @@ impl ResponseStore {
                 Ok(ids
                     .iter()
                     .map(|id| match storable(id) {
-                        true => answers.next().flatten().map(Arc::from),
+                        true => answers.next().flatten().map(Entry::text),
                         false => None,
                     })
                     .collect())
@@ -380,7 +412,7 @@ pub async fn prepare(
         None => None,
         Some(id) => {
             match (store.get_raw(key, Kind::Response, id).await).map_err(|e| store_failed(&e))? {
-                Some(text) => Some(text),
+                Some(entry) => Some(entry),
                 None => {
                     return Err(GatewayError::new(
                         ErrorKind::PreviousResponseNotFound,
@@ -391,7 +423,7 @@ pub async fn prepare(
             }
         }
     };
-    let previous_record = (previous_text.as_deref().map(StoredRecord::read))
+    let previous_record = (previous_text.as_deref().map(StoredRecord::of))
         .transpose()
         .map_err(|e| store_failed(&e))?;
     // A passthrough conversation lives upstream: its references are the upstream's too.
@@ -456,7 +488,9 @@ pub async fn prepare(
     }
     .into_iter();
     let holders: Vec<Option<Arc<str>>> = (named.into_iter())
-        .map(|answer| answer.or_else(|| indexed.next().flatten()))
+        .map(|answer| {
+            answer.or_else(|| (indexed.next().flatten()).map(|e| Arc::from(e.text.as_str())))
+        })
         .collect();
     // The latest answer a request refers to is read first: it holds, copied into its input,
     // whatever the turns before it referred to. An AI SDK turn refers to every earlier answer,
@@ -470,7 +504,7 @@ pub async fn prepare(
             .flatten(),
         None => None,
     };
-    let latest_record = (latest_text.as_deref().map(StoredRecord::read))
+    let latest_record = (latest_text.as_deref().map(StoredRecord::of))
         .transpose()
         .map_err(|e| store_failed(&e))?;
     let latest_items = (latest_record.as_ref())
@@ -492,7 +526,7 @@ pub async fn prepare(
     let texts =
         (store.get_raw_all(key, Kind::Response, &others).await).map_err(|e| store_failed(&e))?;
     let records = (texts.iter())
-        .map(|text| text.as_deref().map(StoredRecord::read).transpose())
+        .map(|entry| entry.as_deref().map(StoredRecord::of).transpose())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| store_failed(&e))?;
     // A record no longer kept (or a passthrough one) holds no item the gateway knows.
@@ -563,7 +597,7 @@ struct Expansion {
 
 impl Expansion {
     /// [`input_items`] of a body whose `input` is this expansion.
-    fn stored(&self, own_from: usize, minted: &InputIds) -> (String, Vec<String>) {
+    fn stored(&self, own_from: usize, minted: &InputIds) -> KeptInput {
         let items =
             (self.items.iter()).map(|(at, head)| (self.text.get(at.clone()), &head.id, &head.kind));
         stored_input(items, self.text.len(), own_from, minted)
@@ -580,17 +614,46 @@ struct Head {
 
 impl Head {
     fn of(head: &ItemHead<'_>) -> Self {
-        fn owned(l: &Loose<'_>) -> Loose<'static> {
-            match l {
-                Loose::Absent => Loose::Absent,
-                Loose::Str(s) => Loose::Str(Cow::Owned(s.to_string())),
-                _ => Loose::Null,
-            }
-        }
         Self {
             id: owned(&head.id),
             kind: owned(&head.kind),
         }
+    }
+
+    /// The head reading the item gives, borrowed from this one.
+    fn read(&self) -> ItemHead<'_> {
+        fn borrowed<'h>(l: &'h Loose<'static>) -> Loose<'h> {
+            match l {
+                Loose::Absent => Loose::Absent,
+                Loose::Str(s) => Loose::Str(Cow::Borrowed(s.as_ref())),
+                _ => Loose::Null,
+            }
+        }
+        ItemHead {
+            id: borrowed(&self.id),
+            kind: borrowed(&self.kind),
+            ..ItemHead::default()
+        }
+    }
+
+    /// The bytes its strings hold beside it.
+    fn heap_len(&self) -> usize {
+        let len = |l: &Loose<'static>| match l {
+            Loose::Str(Cow::Owned(s)) => s.len(),
+            _ => 0,
+        };
+        len(&self.id) + len(&self.kind)
+    }
+}
+
+/// A head member as [`Head`] keeps it: absent, a string, or anything else as `null`.
+fn owned(l: &Loose<'_>) -> Loose<'static> {
+    match l {
+        Loose::Absent => Loose::Absent,
+        // The type an easy-form message is given: kept without an allocation.
+        Loose::Str(s) if s == "message" => Loose::Str(Cow::Borrowed("message")),
+        Loose::Str(s) => Loose::Str(Cow::Owned(s.to_string())),
+        _ => Loose::Null,
     }
 }
 
@@ -759,7 +822,47 @@ enum StoredRecord<'a> {
     Passthrough(String),
 }
 
+/// Where a translated record written by this process lies in its text: its response object,
+/// and each input item with the head reading it gives. An AI SDK turn reads the latest record,
+/// which holds the whole conversation: from the index only the answer's own output is read.
+#[derive(Debug)]
+struct RecordIndex {
+    response: Range<usize>,
+    input: Vec<(Range<usize>, Head)>,
+}
+
 impl<'a> StoredRecord<'a> {
+    /// [`Self::read`] of an entry's text, from its index when it has one.
+    fn of(entry: &'a Entry) -> Result<Self, StoreError> {
+        match (entry.index.as_ref()).and_then(|index| Self::indexed(&entry.text, index)) {
+            Some(record) => Ok(record),
+            None => Self::read(&entry.text),
+        }
+    }
+
+    /// The record [`Self::read`] gives of `text`, which `index` was made with; `None` where the
+    /// response does not read as the whole record's read would (then the record is read).
+    fn indexed(text: &'a str, index: &'a RecordIndex) -> Option<Self> {
+        let response = lax::parse::<Loose<'a, IgnoredAny, ResponseOutput<'a>>>(
+            text.get(index.response.clone())?.as_bytes(),
+        )
+        .ok()?;
+        let input = (index.input.iter())
+            .map(|(at, head)| {
+                Some(Spanned {
+                    text: Some(text.get(at.clone())?),
+                    typed: head.read(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self::Translated(RecordFields {
+            kind: Loose::Str(Cow::Borrowed("translated")),
+            response,
+            input: Loose::Arr(input),
+            ..RecordFields::default()
+        }))
+    }
+
     /// Reads what [`ResponseStore::get`] would, failing where it fails.
     fn read(text: &'a str) -> Result<Self, StoreError> {
         let unread = || StoreError("a stored response did not parse".to_owned());
@@ -791,25 +894,49 @@ impl<'a> StoredRecord<'a> {
 }
 
 /// The input items to keep for a translated response, as the text of a JSON array: the
-/// (expanded) request's `input`, each item completed ([`complete_item`]); and the ids of the
-/// items from `own_from` on to index, but for those `minted` made to name the answer. An item is kept as the client wrote it, a missing id or type
+/// (expanded) request's `input`, each item completed ([`complete_item`]), with where each lies
+/// and its head; and the ids of the items from `own_from` on to index, but for those `minted`
+/// made to name the answer. An item is kept as the client wrote it, a missing id or type
 /// written in front of its members: an agent sends its whole history on every turn, which
 /// would otherwise be made a tree and written out again each time. Only an item whose `id` is
 /// there but not a string (which completing replaces) goes through a tree.
-fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> (String, Vec<String>) {
+fn input_items(body: &[u8], own_from: usize, minted: &InputIds) -> KeptInput {
     let input = lax::parse::<StoredInput<'_>>(body).map(|b| b.input);
     let items = match input {
         Ok(Loose::Arr(items)) => items,
         Ok(Loose::Str(text)) => {
             let id = minted.mint(None, 0);
-            let item = ["[", &user_message(&text, Some(&id)), "]"].concat();
+            let text = ["[", &user_message(&text, Some(&id)), "]"].concat();
             let indexed = own_from == 0 && !minted.names_answer();
-            return (item, if indexed { vec![id] } else { Vec::new() });
+            let head = Head {
+                id: Loose::Str(Cow::Owned(id.clone())),
+                kind: Loose::Str(Cow::Borrowed("message")),
+            };
+            return KeptInput {
+                items: vec![(1..text.len() - 1, head)],
+                text,
+                ids: if indexed { vec![id] } else { Vec::new() },
+            };
         }
-        _ => return ("[]".to_owned(), Vec::new()),
+        _ => {
+            return KeptInput {
+                text: "[]".to_owned(),
+                items: Vec::new(),
+                ids: Vec::new(),
+            }
+        }
     };
     let items = (items.iter()).map(|item| (item.text, &item.typed.id, &item.typed.kind));
     stored_input(items, body.len(), own_from, minted)
+}
+
+/// A translated record's input items as kept: the text of their array, where each item lies
+/// in it with the head reading it gives, and the ids to index.
+#[derive(Debug)]
+struct KeptInput {
+    text: String,
+    items: Vec<(Range<usize>, Head)>,
+    ids: Vec<String>,
 }
 
 /// The part of [`input_items`] after reading the items: each item's text, id and type, in
@@ -819,9 +946,10 @@ fn stored_input<'t, 'a: 't>(
     len: usize,
     own_from: usize,
     minted: &InputIds,
-) -> (String, Vec<String>) {
+) -> KeptInput {
     // Room for an id and a type written into each item.
     let mut text = String::with_capacity(len + 64 * items.len());
+    let mut heads = Vec::with_capacity(items.len());
     let mut ids = Vec::new();
     text.push('[');
     for (i, (raw, head_id, head_kind)) in items.enumerate() {
@@ -829,16 +957,17 @@ fn stored_input<'t, 'a: 't>(
         if text.len() > 1 {
             text.push(',');
         }
-        // The item's id, and whether it was minted here.
-        let (id, made) = match (head_id, raw.strip_prefix('{')) {
+        let start = text.len();
+        // The item's id, whether it was minted here, and its type as reading it back gives.
+        let (id, made, kind) = match (head_id, raw.strip_prefix('{')) {
             // Not an object: kept as it is, with no id.
             (_, None) => {
                 text.push_str(raw);
-                (None, false)
+                (None, false, owned(head_kind))
             }
             (Loose::Str(id), Some(_)) if !matches!(head_kind, Loose::Absent) => {
                 text.push_str(raw);
-                (Some(id.to_string()), false)
+                (Some(id.to_string()), false, owned(head_kind))
             }
             (Loose::Str(_) | Loose::Absent, Some(members)) => {
                 text.push('{');
@@ -853,23 +982,33 @@ fn stored_input<'t, 'a: 't>(
                         (id, true)
                     }
                 };
-                if matches!(head_kind, Loose::Absent) {
-                    text.push_str("\"type\":\"message\",");
-                }
+                let kind = match head_kind {
+                    Loose::Absent => {
+                        text.push_str("\"type\":\"message\",");
+                        Loose::Str(Cow::Borrowed("message"))
+                    }
+                    kind => owned(kind),
+                };
                 if members.trim_start().starts_with('}') {
                     text.pop();
                 }
                 text.push_str(members);
-                (Some(id), made)
+                (Some(id), made, kind)
             }
             (_, Some(_)) => {
                 let mut tree = serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
                 let made = complete_item(&mut tree, minted, i);
                 let written = serde_json::to_string(&tree).unwrap_or_else(|_| "null".to_owned());
                 text.push_str(&written);
+                let kind = match tree.get("type") {
+                    None => Loose::Absent,
+                    Some(Value::String(kind)) => owned(&Loose::Str(Cow::Borrowed(kind))),
+                    Some(_) => Loose::Null,
+                };
                 (
                     tree.get("id").and_then(Value::as_str).map(str::to_owned),
                     made,
+                    kind,
                 )
             }
         };
@@ -880,11 +1019,17 @@ fn stored_input<'t, 'a: 't>(
             false => id.as_deref().is_some_and(ir::names_an_answer),
         };
         if i >= own_from && !named {
-            ids.extend(id);
+            ids.extend(id.clone());
         }
+        let id = id.map_or(Loose::Absent, |id| Loose::Str(Cow::Owned(id)));
+        heads.push((start..text.len(), Head { id, kind }));
     }
     text.push(']');
-    (text, ids)
+    KeptInput {
+        text,
+        items: heads,
+        ids,
+    }
 }
 
 /// How the answer to a responses request was produced.
@@ -939,19 +1084,22 @@ impl Job {
             }
             Served::Kept => {
                 let ids = InputIds::new(id);
-                let (input, mut items) = match &self.expansion {
+                let mut input = match &self.expansion {
                     Some(expansion) => expansion.stored(self.own_from, &ids),
                     None => input_items(&self.body, self.own_from, &ids),
                 };
                 // The translator's ids for the output name this answer: none is indexed then.
-                items.extend(
+                input.ids.extend(
                     (answer.output.iter())
                         .filter(|id| !ir::names_an_answer(id))
                         .cloned(),
                 );
-                items.dedup();
-                let text = translated_text(&answer.text, &input);
-                self.store.put_text(&self.key, id, text, &items).await
+                input.ids.dedup();
+                let text = translated_text(&answer.text, &input.text);
+                let index = record_index(&answer.text, input.items);
+                (self.store)
+                    .put_text(&self.key, id, text, &input.ids, Some(index))
+                    .await
             }
         };
         if let Err(e) = stored {
@@ -1151,12 +1299,29 @@ lax_struct! {
 /// as any record.
 fn translated_text(response: &str, input: &str) -> String {
     let mut text = String::with_capacity(response.len() + input.len() + 48);
-    text.push_str(r#"{"kind":"translated","response":"#);
+    text.push_str(RECORD_HEAD);
     text.push_str(response);
-    text.push_str(r#","input":"#);
+    text.push_str(RECORD_INPUT);
     text.push_str(input);
     text.push('}');
     text
+}
+
+/// What a translated record's text holds before its response object, and between it and its
+/// input items.
+const RECORD_HEAD: &str = r#"{"kind":"translated","response":"#;
+const RECORD_INPUT: &str = r#","input":"#;
+
+/// Where [`translated_text`] puts `response` and the input `items` (placed in the input's text).
+fn record_index(response: &str, mut items: Vec<(Range<usize>, Head)>) -> RecordIndex {
+    let input_at = RECORD_HEAD.len() + response.len() + RECORD_INPUT.len();
+    for (at, _) in &mut items {
+        *at = at.start + input_at..at.end + input_at;
+    }
+    RecordIndex {
+        response: RECORD_HEAD.len()..RECORD_HEAD.len() + response.len(),
+        input: items,
+    }
 }
 
 impl HttpBody for Tap {
@@ -1343,6 +1508,37 @@ mod tests {
         assert_eq!(answer.output, ["msg_2", "fc_3"]);
     }
 
+    /// A head member as far as continuing reads it: absent, a string, or anything else.
+    fn view(l: &Loose<'_>) -> Option<Option<String>> {
+        match l {
+            Loose::Absent => None,
+            l => Some(l.as_str().map(str::to_owned)),
+        }
+    }
+
+    type Viewed = Vec<(Range<usize>, Option<Option<String>>, Option<Option<String>>)>;
+
+    fn comparable(kept: &KeptInput) -> (String, Viewed, Vec<String>) {
+        let items = (kept.items.iter())
+            .map(|(at, h)| (at.clone(), view(&h.id), view(&h.kind)))
+            .collect();
+        (kept.text.clone(), items, kept.ids.clone())
+    }
+
+    /// Each kept item's place and head are what reading the kept text gives.
+    fn assert_index_reads_as_text(kept: &KeptInput, what: &str) {
+        let read: Loose<'_, ItemSpan<'_>> = hand::value(&kept.text)
+            .or_else(|| serde_json::from_str(&kept.text).ok())
+            .unwrap();
+        let items = read.as_array().unwrap_or_default();
+        assert_eq!(items.len(), kept.items.len(), "{what}");
+        for (item, (at, head)) in items.iter().zip(&kept.items) {
+            assert_eq!(item.text, kept.text.get(at.clone()), "{what}");
+            assert_eq!(view(&item.typed.id), view(&head.id), "{what}: {at:?}");
+            assert_eq!(view(&item.typed.kind), view(&head.kind), "{what}: {at:?}");
+        }
+    }
+
     /// The input items as the tree reading kept them, the reference for `input_items`.
     fn input_items_by_tree(body: &[u8], ids: &InputIds) -> Vec<Value> {
         let input = RawObject::parse(body)
@@ -1397,7 +1593,9 @@ mod tests {
             for body in bodies {
                 let tree = input_items_by_tree(body.as_bytes(), &ids_for);
                 for own_from in [0, 1, 3] {
-                    let (text, ids) = input_items(body.as_bytes(), own_from, &ids_for);
+                    let kept = input_items(body.as_bytes(), own_from, &ids_for);
+                    assert_index_reads_as_text(&kept, body);
+                    let KeptInput { text, ids, .. } = kept;
                     let kept: Vec<Value> = serde_json::from_str(&text).unwrap();
                     assert_eq!(kept.len(), tree.len(), "{body}");
                     for (place, (a, b)) in kept.iter().zip(&tree).enumerate() {
@@ -1558,6 +1756,7 @@ mod tests {
         let resolved: HashMap<&str, &ItemSpan<'_>> = (index.iter().zip(&index_spans))
             .map(|((id, _), items)| (*id, &items.as_array().unwrap()[0]))
             .collect();
+        let mut compared = 0;
         for response in responses {
             for input in inputs {
                 let record_text = translated_text(response, input);
@@ -1593,15 +1792,39 @@ mod tests {
                     let body = format!(r#"{{"input":{text}}}"#);
                     let ids = InputIds::new("resp_0123456789abcdef01234567");
                     for own_from in [0, history.len(), history.len() + 1] {
+                        let what = format!("{record_text} + {own_text} from {own_from}");
+                        let kept = expansion.stored(own_from, &ids);
                         assert_eq!(
-                            expansion.stored(own_from, &ids),
-                            input_items(body.as_bytes(), own_from, &ids),
-                            "{record_text} + {own_text} from {own_from}"
+                            comparable(&kept),
+                            comparable(&input_items(body.as_bytes(), own_from, &ids)),
+                            "{what}"
                         );
+                        assert_index_reads_as_text(&kept, &what);
+                        // The next turn reads this record from its index as from its text.
+                        let text = translated_text(response, &kept.text);
+                        let entry = Entry {
+                            index: Some(record_index(response, kept.items)),
+                            text,
+                        };
+                        let indexed = StoredRecord::of(&entry).unwrap();
+                        let read = StoredRecord::read(&entry.text).unwrap();
+                        assert!(matches!(indexed, StoredRecord::Translated(_)), "{what}");
+                        let heads = |r: &StoredRecord<'_>| -> Vec<_> {
+                            (r.items())
+                                .map(|i| {
+                                    let text = i.text.map(str::to_owned);
+                                    (text, view(&i.typed.id), view(&i.typed.kind))
+                                })
+                                .collect()
+                        };
+                        assert_eq!(heads(&indexed), heads(&read), "{what}");
+                        compared += heads(&read).len();
                     }
                 }
             }
         }
+        // Every case compared item by item: 3 responses × 2 inputs × 9 own × 3 places.
+        assert!(compared > 300, "{compared}");
     }
 
     /// A stored record is read as serde reads it, or refused where serde fails.
