@@ -76,8 +76,9 @@ enum Backend {
 }
 
 /// One entry as the store gives it back: a record's text, or the id of the response an item
-/// id points at. A record this process wrote also keeps where its items lie ([`RecordIndex`]),
-/// so continuing from it does not read its history again; one from Redis is read.
+/// id points at. A translated record also comes with where its items lie ([`RecordIndex`]), kept
+/// beside it in process or in Redis, so continuing from it does not read its history again; one
+/// without (a passthrough record, or one an earlier version wrote to Redis) is read.
 #[derive(Debug)]
 struct Entry {
     text: String,
@@ -99,11 +100,13 @@ impl Entry {
     }
 }
 
-/// The two kinds of entry: a response record, or an item id pointing at the response that holds it.
-#[derive(Clone, Copy)]
+/// The kinds of entry: a response record, an item id pointing at the response that holds it,
+/// and (in Redis only; in process it is kept in the record's entry) a record's index.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Response,
     Item,
+    Index,
 }
 
 impl Kind {
@@ -111,6 +114,7 @@ impl Kind {
         match self {
             Self::Response => "resp",
             Self::Item => "item",
+            Self::Index => "resp-index",
         }
     }
 }
@@ -199,10 +203,7 @@ impl ResponseStore {
         }
         match &self.backend {
             Backend::Local(c) => Ok(c.get(&Self::local_key(key, kind, id)).await),
-            Backend::Redis(r) => Ok(r
-                .get(&Self::redis_key(key, kind, id))
-                .await?
-                .map(Entry::text)),
+            Backend::Redis(_) => Ok(self.get_raw_all(key, kind, &[id]).await?.pop().flatten()),
         }
     }
 
@@ -260,7 +261,10 @@ impl ResponseStore {
                 Ok(())
             }
             Backend::Redis(r) => {
+                let index =
+                    index.map(|i| (Self::redis_key(key, Kind::Index, id), i.encoded(text.len())));
                 let mut entries = vec![(Self::redis_key(key, Kind::Response, id), text)];
+                entries.extend(index);
                 entries.extend(
                     items.map(|item| (Self::redis_key(key, Kind::Item, item), id.to_owned())),
                 );
@@ -270,8 +274,9 @@ impl ResponseStore {
         }
     }
 
-    /// Forgets response `id` of `key`; true when it was kept. Its item index entries expire on
-    /// their own: they point at a record that is gone, which reads as unknown.
+    /// Forgets response `id` of `key` (and its record's index); true when it was kept. Its item
+    /// index entries expire on their own: they point at a record that is gone, which reads as
+    /// unknown.
     pub async fn delete(&self, key: &str, id: &str) -> Result<bool, StoreError> {
         if !storable(id) {
             return Ok(false);
@@ -281,12 +286,19 @@ impl ResponseStore {
                 .remove(&Self::local_key(key, Kind::Response, id))
                 .await
                 .is_some()),
-            Backend::Redis(r) => r.delete(&Self::redis_key(key, Kind::Response, id)).await,
+            Backend::Redis(r) => {
+                r.delete(&[
+                    Self::redis_key(key, Kind::Response, id),
+                    Self::redis_key(key, Kind::Index, id),
+                ])
+                .await
+            }
         }
     }
 
     /// The entries of several ids of one kind, in the order of `ids`, in one round trip to
-    /// Redis: a turn of the AI SDK's sends a reference for every earlier item it got.
+    /// Redis: a turn of the AI SDK's sends a reference for every earlier item it got. A record
+    /// from Redis is asked for with its index.
     async fn get_raw_all(
         &self,
         key: &str,
@@ -305,16 +317,29 @@ impl ResponseStore {
                 Ok(found)
             }
             Backend::Redis(r) => {
-                let asked: Vec<String> = (ids.iter().filter(|id| storable(id)))
-                    .map(|id| Self::redis_key(key, kind, id))
-                    .collect();
+                let indexed = kind == Kind::Response;
+                let mut asked = Vec::with_capacity(ids.len() * (1 + usize::from(indexed)));
+                for id in ids.iter().filter(|id| storable(id)) {
+                    asked.push(Self::redis_key(key, kind, id));
+                    if indexed {
+                        asked.push(Self::redis_key(key, Kind::Index, id));
+                    }
+                }
                 let mut answers = r.get_all(&asked).await?.into_iter();
+                let mut next = || {
+                    let text = answers.next().flatten();
+                    let index = if indexed {
+                        answers.next().flatten()
+                    } else {
+                        None
+                    };
+                    let text = text?;
+                    let index = index.and_then(|i| RecordIndex::decoded(&i, text.len()));
+                    Some(Arc::new(Entry { text, index }))
+                };
                 Ok(ids
                     .iter()
-                    .map(|id| match storable(id) {
-                        true => answers.next().flatten().map(Entry::text),
-                        false => None,
-                    })
+                    .map(|id| if storable(id) { next() } else { None })
                     .collect())
             }
         }
@@ -829,6 +854,97 @@ enum StoredRecord<'a> {
 struct RecordIndex {
     response: Range<usize>,
     input: Vec<(Range<usize>, Head)>,
+}
+
+/// What [`RecordIndex::encoded`] starts with: a later form gets another tag, which this version
+/// does not decode (and reads the record whole).
+const INDEX_FORM: &str = "i1";
+
+impl RecordIndex {
+    /// The index as Redis keeps it beside its record of `text_len` bytes: the form's tag, that
+    /// length, the response's place, then each item's place and head, all separated by spaces;
+    /// a head member is `a` (absent), `n` (anything but a string) or `s` and its length, `:`,
+    /// and the string.
+    fn encoded(&self, text_len: usize) -> String {
+        let heads: usize = (self.input.iter()).map(|(_, h)| h.heap_len()).sum();
+        let mut out = String::with_capacity(32 + self.input.len() * 40 + heads);
+        let mut n = itoa::Buffer::new();
+        let mut number = |out: &mut String, v: usize| {
+            out.push(' ');
+            out.push_str(n.format(v));
+        };
+        out.push_str(INDEX_FORM);
+        number(&mut out, text_len);
+        number(&mut out, self.response.start);
+        number(&mut out, self.response.end);
+        for (at, head) in &self.input {
+            number(&mut out, at.start);
+            number(&mut out, at.end);
+            for member in [&head.id, &head.kind] {
+                match member {
+                    Loose::Absent => out.push_str(" a"),
+                    Loose::Str(s) => {
+                        number(&mut out, s.len());
+                        out.push(':');
+                        out.push_str(s);
+                    }
+                    _ => out.push_str(" n"),
+                }
+            }
+        }
+        out
+    }
+
+    /// The index [`Self::encoded`] wrote for a record of `text_len` bytes; `None` for anything
+    /// else (another form, another record's length, places outside the record), and the record
+    /// is then read whole. A place that does not fall on the record's items reads as no record
+    /// ([`StoredRecord::indexed`] checks each against the text), never as another item.
+    fn decoded(encoded: &str, text_len: usize) -> Option<Self> {
+        /// The number after the next space. (By hand: `str::parse` costs several times as
+        /// much, and a turn decodes four numbers an item.)
+        fn number(rest: &mut &str) -> Option<usize> {
+            let digits = rest.strip_prefix(' ')?;
+            let mut v: usize = 0;
+            let mut len = 0;
+            for b in digits.bytes().take_while(u8::is_ascii_digit) {
+                v = v.checked_mul(10)?.checked_add(usize::from(b - b'0'))?;
+                len += 1;
+            }
+            *rest = digits.get(len..).filter(|_| len > 0)?;
+            Some(v)
+        }
+        fn place(rest: &mut &str, text_len: usize) -> Option<Range<usize>> {
+            let (start, end) = (number(rest)?, number(rest)?);
+            (start <= end && end <= text_len).then_some(start..end)
+        }
+        fn member(rest: &mut &str) -> Option<Loose<'static>> {
+            let tagged = match rest.as_bytes() {
+                [b' ', b'a', ..] => Loose::Absent,
+                [b' ', b'n', ..] => Loose::Null,
+                _ => {
+                    let len = number(rest)?;
+                    let string = rest.strip_prefix(':')?;
+                    let (string, after) = (string.get(..len)?, string.get(len..)?);
+                    *rest = after;
+                    return Some(owned(&Loose::Str(Cow::Borrowed(string))));
+                }
+            };
+            *rest = rest.get(2..)?;
+            Some(tagged)
+        }
+        let mut rest = encoded.strip_prefix(INDEX_FORM)?;
+        if number(&mut rest)? != text_len {
+            return None;
+        }
+        let response = place(&mut rest, text_len)?;
+        let mut input = Vec::new();
+        while !rest.is_empty() {
+            let at = place(&mut rest, text_len)?;
+            let (id, kind) = (member(&mut rest)?, member(&mut rest)?);
+            input.push((at, Head { id, kind }));
+        }
+        Some(Self { response, input })
+    }
 }
 
 impl<'a> StoredRecord<'a> {
@@ -1539,6 +1655,103 @@ mod tests {
         }
     }
 
+    fn assert_same_index(decoded: Option<&RecordIndex>, index: &RecordIndex, what: &str) {
+        let decoded = decoded.unwrap_or_else(|| panic!("{what}: the encoded index did not decode"));
+        let viewed = |i: &RecordIndex| -> Viewed {
+            (i.input.iter())
+                .map(|(at, h)| (at.clone(), view(&h.id), view(&h.kind)))
+                .collect()
+        };
+        assert_eq!(decoded.response, index.response, "{what}");
+        assert_eq!(viewed(decoded), viewed(index), "{what}");
+    }
+
+    /// The index Redis keeps decodes to the one encoded, whatever its heads' strings hold; what
+    /// is not such an index (another form, another record's length, a place outside the record,
+    /// a string cut short or inside a character, anything left over) decodes to none.
+    #[test]
+    fn a_kept_index_decodes_to_itself_and_nothing_else_decodes() {
+        let str = |s: &str| Loose::Str(Cow::Owned(s.to_owned()));
+        let index = RecordIndex {
+            response: 33..50,
+            input: vec![
+                (
+                    60..70,
+                    Head {
+                        id: str("msg_1"),
+                        kind: str("message"),
+                    },
+                ),
+                (
+                    71..71,
+                    Head {
+                        id: Loose::Absent,
+                        kind: Loose::Null,
+                    },
+                ),
+                (
+                    72..90,
+                    Head {
+                        id: str("a b:7 s3:x n"),
+                        kind: Loose::Absent,
+                    },
+                ),
+                (
+                    91..99,
+                    Head {
+                        id: str(""),
+                        kind: str("é 🦀"),
+                    },
+                ),
+                (
+                    99..100,
+                    Head {
+                        id: Loose::Null,
+                        kind: str(" a"),
+                    },
+                ),
+            ],
+        };
+        let encoded = index.encoded(100);
+        assert_same_index(
+            RecordIndex::decoded(&encoded, 100).as_ref(),
+            &index,
+            &encoded,
+        );
+        let empty = RecordIndex {
+            response: 0..0,
+            input: Vec::new(),
+        };
+        assert_same_index(
+            RecordIndex::decoded("i1 0 0 0", 0).as_ref(),
+            &empty,
+            "empty",
+        );
+        assert_eq!(empty.encoded(0), "i1 0 0 0");
+        for bad in [
+            "",
+            "i2 100 33 50",
+            "i1 99 33 50",
+            "i1 100 33 101",
+            "i1 100 50 33",
+            "i1 100 33",
+            "i1 100 33 50 60 70 a",
+            "i1 100 33 50 60 70 a x",
+            "i1 100 33 50 60 70 s5:msg_1 a",
+            "i1 100 33 50 60 70 5:msg_ a",
+            "i1 100 33 50 60 70 9:msg_1 a",
+            "i1 100 33 50 60 70 1:é a",
+            "i1 100 33 50 60 70 a a ",
+            "i1 100 33 50 60 70 a a 1",
+            "i1  100 33 50",
+            "i1 +100 33 50",
+            "i1 100 33 50 60 70 a n extra",
+        ] {
+            assert!(RecordIndex::decoded(bad, 100).is_none(), "{bad:?}");
+        }
+        assert!(RecordIndex::decoded(&encoded, 101).is_none());
+    }
+
     /// The input items as the tree reading kept them, the reference for `input_items`.
     fn input_items_by_tree(body: &[u8], ids: &InputIds) -> Vec<Value> {
         let input = RawObject::parse(body)
@@ -1802,8 +2015,12 @@ mod tests {
                         assert_index_reads_as_text(&kept, &what);
                         // The next turn reads this record from its index as from its text.
                         let text = translated_text(response, &kept.text);
+                        let index = record_index(response, kept.items);
+                        // And from the index as Redis keeps it.
+                        let decoded = RecordIndex::decoded(&index.encoded(text.len()), text.len());
+                        assert_same_index(decoded.as_ref(), &index, &what);
                         let entry = Entry {
-                            index: Some(record_index(response, kept.items)),
+                            index: Some(index),
                             text,
                         };
                         let indexed = StoredRecord::of(&entry).unwrap();

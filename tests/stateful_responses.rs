@@ -1072,6 +1072,25 @@ impl RedisServer {
         }
     }
 
+    /// Runs the command of `args` (sent as Redis's arrays of bulk strings, so any bytes go);
+    /// the first line of its reply.
+    fn command(&self, args: &[&str]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut sent = format!("*{}\r\n", args.len());
+        for a in args {
+            sent.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(sent.as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        let mut buf = [0_u8; 256];
+        while !reply.ends_with(b"\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "redis closed before its reply to {args:?}");
+            reply.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&reply).trim_end().to_owned()
+    }
+
     /// How many times Redis has run `command` (lowercase) since it started.
     fn calls(&self, command: &str) -> u64 {
         let stats = self.bulk("INFO commandstats");
@@ -1194,10 +1213,11 @@ async fn in_redis_whole_histories_of_references_continue_on_either_instance() {
     whole_histories_of_references(&one, &two, &up).await;
 }
 
-/// An AI SDK turn costs the store one write and one read however long its conversation: the
-/// gateway's item ids name the answers holding them, so no item goes into the index, and the
-/// last answer a turn refers to holds every earlier item. (Indexing each item, every turn wrote
-/// an entry for each earlier answer and read the index before the record.)
+/// An AI SDK turn costs the store one write (its record and the record's index, together) and
+/// one read however long its conversation: the gateway's item ids name the answers holding
+/// them, so no item goes into the item index, and the last answer a turn refers to holds every
+/// earlier item. (Indexing each item, every turn wrote an entry for each earlier answer and read
+/// the item index before the record.)
 #[tokio::test]
 async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
@@ -1214,7 +1234,7 @@ async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
         want.push(("user".to_owned(), question));
         let counts = || {
             let (sets, gets) = (redis.calls("set"), redis.calls("get"));
-            (sets, gets + redis.calls("mget"))
+            (redis.calls("exec"), sets, gets + redis.calls("mget"))
         };
         let before = counts();
         let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": input})).await;
@@ -1223,15 +1243,99 @@ async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
         assert_eq!(conversation(&up.last()), want, "turn {turn}");
         let reads = if turn == 1 { 0 } else { 1 };
         assert_eq!(
-            (after.0 - before.0, after.1 - before.1),
-            (1, reads),
-            "turn {turn}: writes and reads"
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (1, 2, reads),
+            "turn {turn}: writes (transactions, keys) and reads"
         );
         input.push(json!({"type": "item_reference", "id": v["output"][0]["id"]}));
         want.push(("assistant".to_owned(), format!("reply-{turn}")));
     }
     assert_eq!(redis.count_keys("modelgate:{test}:item:*"), 0);
     assert_eq!(redis.count_keys("modelgate:{test}:resp:*"), 10);
+    assert_eq!(redis.count_keys("modelgate:{test}:resp-index:*"), 10);
+}
+
+/// A record in Redis is continued from through the index kept beside it (where each item lies,
+/// so a turn does not read the whole conversation the record holds); it is read whole when its
+/// index is missing, as for a record an earlier version wrote, or is not one. Deleting the
+/// answer deletes its index too.
+#[tokio::test]
+async fn in_redis_a_record_is_continued_from_through_its_index() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let up = FakeUpstream::start(upstream).await;
+    let gw = start_redis(&up, &redis, "").await;
+    let url = gw.base("/v1/responses");
+    let mut input = Vec::new();
+    let mut latest = String::new();
+    for turn in 1..=3 {
+        input.push(json!({"role": "user", "content": format!("q{turn}")}));
+        let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": input})).await;
+        assert_eq!(s, 200, "turn {turn}: {v}");
+        input.push(json!({"type": "item_reference", "id": v["output"][0]["id"]}));
+        latest = v["id"].as_str().unwrap().to_owned();
+    }
+    input.push(json!({"role": "user", "content": "q4"}));
+    let whole = pairs(&[
+        ("user", "q1"),
+        ("assistant", "reply-1"),
+        ("user", "q2"),
+        ("assistant", "reply-2"),
+        ("user", "q3"),
+        ("assistant", "reply-3"),
+        ("user", "q4"),
+    ]);
+    let key = format!("modelgate:{{test}}:resp-index:{latest}");
+    let kept = redis.bulk(&format!("GET {key}"));
+    let turn = || async {
+        let (s, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": input})).await;
+        assert_eq!(s, 200, "{v}");
+        conversation(&up.last())
+    };
+    assert_eq!(turn().await, whole);
+
+    // The index's place for the first answer's item (the record's second input item) pointed
+    // at the first question's: the next turn sends that question in the answer's place, so
+    // the items were found where the index says, not by reading the record.
+    let mut fields: Vec<&str> = kept.split(' ').collect();
+    assert_eq!(fields[0], "i1", "{kept}");
+    let (first, second) = (4, 8);
+    fields[second] = fields[first];
+    fields[second + 1] = fields[first + 1];
+    let pointed = fields.join(" ");
+    assert_eq!(redis.command(&["SET", &key, &pointed, "KEEPTTL"]), "+OK");
+    // (Three user messages in a row reach a chat upstream as one.)
+    let misled = pairs(&[
+        ("user", "q1q1q2"),
+        ("assistant", "reply-2"),
+        ("user", "q3"),
+        ("assistant", "reply-3"),
+        ("user", "q4"),
+    ]);
+    assert_eq!(turn().await, misled, "{pointed}");
+
+    // Not an index for this record, or none at all: the record is read whole.
+    for damaged in ["i1 12 0 3", "i9 nothing", ""] {
+        assert_eq!(redis.command(&["SET", &key, damaged, "KEEPTTL"]), "+OK");
+        assert_eq!(turn().await, whole, "{damaged:?}");
+    }
+    assert_eq!(redis.command(&["DEL", &key]), ":1");
+    assert_eq!(turn().await, whole, "no index");
+
+    assert_eq!(redis.command(&["SET", &key, &kept, "KEEPTTL"]), "+OK");
+    let (s, _) = call(
+        reqwest::Method::DELETE,
+        KEY,
+        &gw.base(&format!("/v1/responses/{latest}")),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        redis.command(&["EXISTS", &key]),
+        ":0",
+        "the index deleted with its answer"
+    );
 }
 
 #[tokio::test]

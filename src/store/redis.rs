@@ -405,14 +405,6 @@ impl RedisStore {
             .await
     }
 
-    /// One string value, `None` when absent or expired.
-    pub async fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let mut cmd = ::redis::cmd("GET");
-        cmd.arg(key);
-        self.bounded(|mut conn| async move { cmd.query_async::<Option<String>>(&mut conn).await })
-            .await
-    }
-
     /// Several string values in one round trip (MGET), in the order of `keys`. The keys must
     /// share a hash tag, as one gateway key's entries do, for a cluster to answer them at once.
     pub async fn get_all(&self, keys: &[String]) -> Result<Vec<Option<String>>, StoreError> {
@@ -427,13 +419,17 @@ impl RedisStore {
         .await
     }
 
-    /// Removes one key; true when it was there.
-    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let mut cmd = ::redis::cmd("DEL");
-        cmd.arg(key);
-        self.bounded(|mut conn| async move { cmd.query_async::<i64>(&mut conn).await })
+    /// Removes `keys` in one round trip; true when the first was there (the others, kept beside
+    /// it, are gone with it).
+    pub async fn delete(&self, keys: &[String]) -> Result<bool, StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.atomic();
+        for key in keys {
+            pipe.cmd("DEL").arg(key);
+        }
+        self.bounded(|mut conn| async move { pipe.query_async::<Vec<i64>>(&mut conn).await })
             .await
-            .map(|n| n > 0)
+            .map(|removed| removed.first().is_some_and(|&n| n > 0))
     }
 
     /// Runs one request on the connection (connecting first if need be) within `CALL_TIMEOUT`.
