@@ -900,50 +900,78 @@ impl RecordIndex {
     /// is then read whole. A place that does not fall on the record's items reads as no record
     /// ([`StoredRecord::indexed`] checks each against the text), never as another item.
     fn decoded(encoded: &str, text_len: usize) -> Option<Self> {
-        /// The number after the next space. (By hand: `str::parse` costs several times as
-        /// much, and a turn decodes four numbers an item.)
-        fn number(rest: &mut &str) -> Option<usize> {
-            let digits = rest.strip_prefix(' ')?;
-            let mut v: usize = 0;
-            let mut len = 0;
-            for b in digits.bytes().take_while(u8::is_ascii_digit) {
-                v = v.checked_mul(10)?.checked_add(usize::from(b - b'0'))?;
-                len += 1;
-            }
-            *rest = digits.get(len..).filter(|_| len > 0)?;
-            Some(v)
-        }
-        fn place(rest: &mut &str, text_len: usize) -> Option<Range<usize>> {
-            let (start, end) = (number(rest)?, number(rest)?);
-            (start <= end && end <= text_len).then_some(start..end)
-        }
-        fn member(rest: &mut &str) -> Option<Loose<'static>> {
-            let tagged = match rest.as_bytes() {
-                [b' ', b'a', ..] => Loose::Absent,
-                [b' ', b'n', ..] => Loose::Null,
-                _ => {
-                    let len = number(rest)?;
-                    let string = rest.strip_prefix(':')?;
-                    let (string, after) = (string.get(..len)?, string.get(len..)?);
-                    *rest = after;
-                    return Some(owned(&Loose::Str(Cow::Borrowed(string))));
-                }
-            };
-            *rest = rest.get(2..)?;
-            Some(tagged)
-        }
-        let mut rest = encoded.strip_prefix(INDEX_FORM)?;
-        if number(&mut rest)? != text_len {
+        if !encoded.starts_with(INDEX_FORM) {
             return None;
         }
-        let response = place(&mut rest, text_len)?;
+        let mut read = IndexReader {
+            text: encoded,
+            at: INDEX_FORM.len(),
+        };
+        if read.number()? != text_len {
+            return None;
+        }
+        let response = read.place(text_len)?;
         let mut input = Vec::new();
-        while !rest.is_empty() {
-            let at = place(&mut rest, text_len)?;
-            let (id, kind) = (member(&mut rest)?, member(&mut rest)?);
+        while read.at < encoded.len() {
+            let at = read.place(text_len)?;
+            let (id, kind) = (read.member()?, read.member()?);
             input.push((at, Head { id, kind }));
         }
         Some(Self { response, input })
+    }
+}
+
+/// Reads an encoded [`RecordIndex`] forward, by hand over its bytes: `str::parse` and slicing
+/// at each step cost several times as much, and a turn decodes four numbers an item.
+struct IndexReader<'e> {
+    text: &'e str,
+    at: usize,
+}
+
+impl IndexReader<'_> {
+    /// The number after the next space.
+    fn number(&mut self) -> Option<usize> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.at) != Some(&b' ') {
+            return None;
+        }
+        let start = self.at + 1;
+        let mut v: usize = 0;
+        let mut i = start;
+        while let Some(&digit) = bytes.get(i).filter(|b| b.is_ascii_digit()) {
+            v = v.checked_mul(10)?.checked_add(usize::from(digit - b'0'))?;
+            i += 1;
+        }
+        self.at = i;
+        (i > start).then_some(v)
+    }
+
+    /// A place: two numbers, in order, within the record's `text_len` bytes.
+    fn place(&mut self, text_len: usize) -> Option<Range<usize>> {
+        let (start, end) = (self.number()?, self.number()?);
+        (start <= end && end <= text_len).then_some(start..end)
+    }
+
+    /// A head member: absent, not a string, or a string its length says the end of (which
+    /// must fall between characters).
+    fn member(&mut self) -> Option<Loose<'static>> {
+        let tagged = match self.text.as_bytes().get(self.at..self.at + 2) {
+            Some(b" a") => Loose::Absent,
+            Some(b" n") => Loose::Null,
+            _ => {
+                let len = self.number()?;
+                if self.text.as_bytes().get(self.at) != Some(&b':') {
+                    return None;
+                }
+                let start = self.at + 1;
+                let end = start.checked_add(len)?;
+                let string = self.text.get(start..end)?;
+                self.at = end;
+                return Some(owned(&Loose::Str(Cow::Borrowed(string))));
+            }
+        };
+        self.at += 2;
+        Some(tagged)
     }
 }
 
