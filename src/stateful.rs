@@ -863,8 +863,8 @@ const INDEX_FORM: &str = "i1";
 impl RecordIndex {
     /// The index as Redis keeps it beside its record of `text_len` bytes: the form's tag, that
     /// length, the response's place, then each item's place and head, all separated by spaces;
-    /// a head member is `a` (absent), `n` (anything but a string) or `s` and its length, `:`,
-    /// and the string.
+    /// a head member is `a` (absent), `n` (anything but a string) or a string's length, `:` and
+    /// the string.
     fn encoded(&self, text_len: usize) -> String {
         let heads: usize = (self.input.iter()).map(|(_, h)| h.heap_len()).sum();
         let mut out = String::with_capacity(32 + self.input.len() * 40 + heads);
@@ -897,8 +897,9 @@ impl RecordIndex {
 
     /// The index [`Self::encoded`] wrote for a record of `text_len` bytes; `None` for anything
     /// else (another form, another record's length, places outside the record), and the record
-    /// is then read whole. A place that does not fall on the record's items reads as no record
-    /// ([`StoredRecord::indexed`] checks each against the text), never as another item.
+    /// is then read whole. Within that, the index is trusted as the record is: both are the
+    /// gateway's, written in one transaction; a place is checked only to lie within the record
+    /// and ([`StoredRecord::indexed`]) between its characters.
     fn decoded(encoded: &str, text_len: usize) -> Option<Self> {
         if !encoded.starts_with(INDEX_FORM) {
             return None;
