@@ -1126,6 +1126,17 @@ async fn start_redis(up: &FakeUpstream, redis: &RedisServer, ttl: &str) -> TestG
     .await
 }
 
+/// A Redis of the test's own, the upstream, and a gateway keeping its responses in that Redis
+/// (`store` adds to its `[store]`).
+async fn gateway_on_redis(store: &str) -> (RedisServer, FakeUpstream, TestGateway) {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let up = FakeUpstream::start(upstream).await;
+    let gw = start_redis(&up, &redis, store).await;
+    (redis, up, gw)
+}
+
 /// A Redis of the test's own, the upstream, and two gateways sharing that Redis.
 async fn two_gateways_on_redis() -> (RedisServer, FakeUpstream, TestGateway, TestGateway) {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
@@ -1220,11 +1231,7 @@ async fn in_redis_whole_histories_of_references_continue_on_either_instance() {
 /// the item index before the record.)
 #[tokio::test]
 async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let gw = start_redis(&up, &redis, "").await;
+    let (redis, up, gw) = gateway_on_redis("").await;
     let url = gw.base("/v1/responses");
     let mut input = Vec::new();
     let mut want = Vec::new();
@@ -1261,11 +1268,7 @@ async fn in_redis_a_turn_of_references_is_one_write_and_one_read() {
 /// answer deletes its index too.
 #[tokio::test]
 async fn in_redis_a_record_is_continued_from_through_its_index() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let gw = start_redis(&up, &redis, "").await;
+    let (redis, up, gw) = gateway_on_redis("").await;
     let url = gw.base("/v1/responses");
     let mut input = Vec::new();
     let mut latest = String::new();
@@ -1340,11 +1343,7 @@ async fn in_redis_a_record_is_continued_from_through_its_index() {
 
 #[tokio::test]
 async fn in_redis_stored_responses_expire_after_the_ttl() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let gw = start_redis(&up, &redis, "responses_ttl_s = 1").await;
+    let (_redis, _up, gw) = gateway_on_redis("responses_ttl_s = 1").await;
     let (_, v) = post_as(
         KEY,
         &gw.base("/v1/responses"),
@@ -1376,11 +1375,7 @@ async fn store_settings_are_checked() {
 
 #[tokio::test]
 async fn in_redis_an_unreachable_store_is_a_503_and_serving_goes_on() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let gw = start_redis(&up, &redis, "").await;
+    let (redis, up, gw) = gateway_on_redis("").await;
     let url = gw.base("/v1/responses");
     let (_, v) = post_as(KEY, &url, &json!({"model": "on-chat", "input": "hi"})).await;
     let id = v["id"].as_str().unwrap().to_owned();
