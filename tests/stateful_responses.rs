@@ -1139,11 +1139,7 @@ async fn gateway_on_redis(store: &str) -> (RedisServer, FakeUpstream, TestGatewa
 
 /// A Redis of the test's own, the upstream, and two gateways sharing that Redis.
 async fn two_gateways_on_redis() -> (RedisServer, FakeUpstream, TestGateway, TestGateway) {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let up = FakeUpstream::start(upstream).await;
-    let one = start_redis(&up, &redis, "").await;
+    let (redis, up, one) = gateway_on_redis("").await;
     let two = start_redis(&up, &redis, "").await;
     (redis, up, one, two)
 }
