@@ -32,9 +32,9 @@
 // The fake upstream's accept loop and connections are plain tasks that live as long as the bench.
 #![allow(clippy::disallowed_methods)]
 
-// The binary's allocator (src/main.rs), so the gateway here runs as `modelgate serve` does.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The binary's allocator (mimalloc linked as `malloc`, src/main.rs),
+// so the gateway here runs as `modelgate serve` does.
+use mimalloc as _;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

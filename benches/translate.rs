@@ -7,9 +7,9 @@
 
 mod common;
 
-// The binary's allocator (src/main.rs), so the figures are what `modelgate serve` does.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The binary's allocator (mimalloc linked as `malloc`, src/main.rs),
+// so the figures are what `modelgate serve` does.
+use mimalloc as _;
 
 use std::hint::black_box;
 

@@ -12,9 +12,13 @@ use modelgate::{auth, mock, reload, server};
 
 // Requests and translations make many small, short-lived allocations: under glibc's allocator
 // they took about 40% of a translation's time in a profile (malloc_consolidate among the top),
-// under mimalloc about 15%. The benches use the same allocator.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// under mimalloc about 15%. mimalloc is linked as the process's `malloc` (its `override`
+// feature) and Rust's default allocator calls that, rather than installing `mimalloc::MiMalloc`:
+// that one asks `mi_malloc_aligned` for every block, whose path for blocks over 1 KiB goes
+// through an over-allocating generic branch, where plain `malloc` takes mimalloc's ordinary path. 5% fewer instructions for a translated request
+// (docs/performance-log.md, "thirty-first session"), and no `unsafe` here. The benches link it
+// the same way.
+use mimalloc as _;
 
 /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits anyway.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
