@@ -15,9 +15,10 @@ use modelgate::{auth, mock, reload, server};
 // under mimalloc about 15%. mimalloc is linked as the process's `malloc` (its `override`
 // feature) and Rust's default allocator calls that, rather than installing `mimalloc::MiMalloc`:
 // that one asks `mi_malloc_aligned` for every block, whose path for blocks over 1 KiB goes
-// through an over-allocating generic branch, where plain `malloc` takes mimalloc's ordinary path. 5% fewer instructions for a translated request
-// (docs/performance-log.md, "thirty-first session"), and no `unsafe` here. The benches link it
-// the same way.
+// through an over-allocating generic branch, where plain `malloc` takes mimalloc's ordinary
+// path. 4% fewer instructions for a translated request, 2% for a JSON one
+// (docs/performance-log.md, "thirty-first session"), and no `unsafe` here. The benches that
+// measure the gateway link it the same way.
 use mimalloc as _;
 
 /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits anyway.
