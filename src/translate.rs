@@ -390,6 +390,18 @@ impl Translation {
             };
             return JsonReply::error(status, self.client, &info);
         }
+        // A chat reply of the common shape is written for a messages client in one pass, with
+        // nothing between; `plain::read` answers only where that is what the IR path writes.
+        if let (Protocol::Chat, Protocol::Messages) = (self.upstream, self.client) {
+            if let Some(p) = std::str::from_utf8(body).ok().and_then(chat::plain::read) {
+                return JsonReply {
+                    status: StatusCode::OK,
+                    body: messages::plain_response_bytes(&p, &self.client_model),
+                    usage: Some(p.usage),
+                    last: None,
+                };
+            }
+        }
         // Chat and messages replies are read straight into the few members that count: no
         // `Value` tree, and by hand unless the reply is one the hand reader leaves to serde.
         let decoded = match self.upstream {

@@ -11,6 +11,7 @@ use crate::sse;
 use crate::translate::counts::Counts;
 use crate::translate::lax::{lax_struct, First, Loose, RawText};
 
+pub mod plain;
 #[cfg(test)]
 mod reply;
 mod request;

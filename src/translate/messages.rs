@@ -203,6 +203,17 @@ struct ReplyUsage {
     output_tokens: u64,
 }
 
+impl From<&Usage> for ReplyUsage {
+    fn from(u: &Usage) -> Self {
+        Self {
+            cache_creation_input_tokens: u.cache_write,
+            cache_read_input_tokens: u.cache_read,
+            input_tokens: u.input,
+            output_tokens: u.output,
+        }
+    }
+}
+
 fn reply<'a>(r: &'a ir::Response, client_model: &'a str) -> Reply<'a> {
     let mut content = Vec::new();
     for p in &r.content {
@@ -257,12 +268,7 @@ fn reply<'a>(r: &'a ir::Response, client_model: &'a str) -> Reply<'a> {
             _ => None,
         },
         kind: "message",
-        usage: ReplyUsage {
-            cache_creation_input_tokens: r.usage.cache_write,
-            cache_read_input_tokens: r.usage.cache_read,
-            input_tokens: r.usage.input,
-            output_tokens: r.usage.output,
-        },
+        usage: ReplyUsage::from(&r.usage),
     }
 }
 
@@ -290,15 +296,44 @@ pub fn response_bytes(r: &ir::Response, client_model: &str) -> Vec<u8> {
     out
 }
 
+/// The reply for a chat reply of the common shape ([`super::chat::plain`]): its text, already
+/// a JSON string as `write_json_str` writes it, in one text block.
+pub fn plain_response_bytes(p: &super::chat::plain::Plain<'_>, client_model: &str) -> Vec<u8> {
+    let reply = Reply {
+        content: Vec::new(),
+        id: reprefix(p.id, "msg_"),
+        model: client_model,
+        role: "assistant",
+        stop_reason: finish_name(&p.finish),
+        stop_sequence: None,
+        kind: "message",
+        usage: ReplyUsage::from(&p.usage),
+    };
+    let mut out = Vec::with_capacity(320 + p.text.len() + reply.id.len() + client_model.len());
+    reply.write_with(&mut out, |out| {
+        out.extend_from_slice(b"{\"text\":");
+        out.extend_from_slice(p.text.as_bytes());
+        out.extend_from_slice(b",\"type\":\"text\"}");
+    });
+    out
+}
+
 impl Reply<'_> {
     fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"content\":[");
-        for (i, block) in self.content.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
+        self.write_with(out, |out| {
+            for (i, block) in self.content.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                block.write(out);
             }
-            block.write(out);
-        }
+        });
+    }
+
+    /// Writes the reply, `content` writing its blocks between the brackets.
+    fn write_with(&self, out: &mut Vec<u8>, content: impl FnOnce(&mut Vec<u8>)) {
+        out.extend_from_slice(b"{\"content\":[");
+        content(out);
         out.extend_from_slice(b"],\"id\":");
         write_json_str(out, &self.id);
         out.extend_from_slice(b",\"model\":");

@@ -11,7 +11,7 @@ fn agrees(text: &[u8]) -> bool {
 
 /// Replies as providers write them: OpenAI's text and tool calls, DeepSeek's and vLLM's
 /// reasoning, a refusal, and the benchbed mock's.
-const REPLIES: [&str; 6] = [
+pub(super) const REPLIES: [&str; 6] = [
     r#"{"id":"chatcmpl-mock000000000001","object":"chat.completion","created":1795747898,"model":"mock-gpt","system_fingerprint":"fp_mock","choices":[{"index":0,"message":{"role":"assistant","content":"Lorem ipsum dolor sit amet","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":20,"total_tokens":36}}"#,
     r#"{"id":"chatcmpl-9","object":"chat.completion","created":1700000000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"}},{"id":"call_def","type":"function","function":{"name":"get_time","arguments":"{}"}}],"refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":82,"completion_tokens":17,"total_tokens":99,"prompt_tokens_details":{"cached_tokens":64,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default"}"#,
     r#"{"id":"ds-1","object":"chat.completion","system_fingerprint":"fp_\u00e9\n","created":1738000000,"model":"deepseek-reasoner","choices":[{"index":0,"message":{"role":"assistant","content":"Paris.\n\n**Answer:** Paris","reasoning_content":"The user asks \u2014 \"capital?\" \ud83d\ude00 Think\tstep\\by\/step."},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":300,"total_tokens":310,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":250},"prompt_cache_hit_tokens":0,"prompt_cache_miss_tokens":10}}"#,
@@ -157,20 +157,28 @@ proptest::proptest! {
     }
 }
 
-/// The chat replies of the fixture suite (`tests/fixtures/*_to_chat`) are all read by hand.
-#[test]
-fn the_fixture_replies_are_read_by_hand() {
+/// The chat upstreams' whole replies of the fixture suite (`tests/fixtures/*_to_chat`).
+pub(super) fn fixture_replies() -> Vec<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut read = 0;
+    let mut out = Vec::new();
     for dir in ["messages_to_chat", "responses_to_chat"] {
         for case in std::fs::read_dir(root.join(dir)).unwrap() {
             if let Ok(text) =
                 std::fs::read_to_string(case.unwrap().path().join("upstream_reply.json"))
             {
-                assert!(agrees(text.as_bytes()), "left to serde: {text}");
-                read += 1;
+                out.push(text);
             }
         }
     }
-    assert!(read > 10, "{read} replies");
+    out
+}
+
+/// The chat replies of the fixture suite are all read by hand.
+#[test]
+fn the_fixture_replies_are_read_by_hand() {
+    let replies = fixture_replies();
+    for text in &replies {
+        assert!(agrees(text.as_bytes()), "left to serde: {text}");
+    }
+    assert!(replies.len() > 10, "{} replies", replies.len());
 }
