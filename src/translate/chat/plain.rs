@@ -8,6 +8,10 @@
 //! shape. So this reader is held to one rule: for what it answers, the reply written from it is
 //! byte for byte the IR path's, and the usage the same.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+
 use super::finish_from;
 use crate::ir::{Finish, Usage};
 use crate::json::walk;
@@ -28,6 +32,9 @@ pub struct Plain<'a> {
 /// Reads `text`, a whole reply, when it is plain; `None` leaves it to the IR's path.
 pub fn read(text: &str) -> Option<Plain<'_>> {
     let b = text.as_bytes();
+    if calls_tools(b) {
+        return None;
+    }
     let mut id = None;
     let mut choice = None;
     let mut usage = None;
@@ -71,6 +78,20 @@ pub fn read(text: &str) -> Option<Plain<'_>> {
         text,
         finish,
         usage: counted,
+    })
+}
+
+/// The commonest reply that is not plain calls tools, and its `tool_calls` comes after the text
+/// the pass would have read: looked for first, so such a reply is not read twice.
+static TOOL_CALLS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"tool_calls\""));
+
+/// Whether the reply has a `tool_calls` member holding an array, anywhere. Inside a string the
+/// quotes would be escaped, so each match is a key or the string `"tool_calls"` (a finish
+/// reason), told apart by what follows it.
+fn calls_tools(b: &[u8]) -> bool {
+    TOOL_CALLS.find_iter(b).any(|at| {
+        let colon = walk::space(b, at + b"\"tool_calls\"".len());
+        b.get(colon) == Some(&b':') && b.get(walk::space(b, colon + 1)) == Some(&b'[')
     })
 }
 

@@ -55,7 +55,7 @@ const PLAIN: [&str; 8] = [
     r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Line one.\nShe said \"hi\" \\ \t tab\r\b\f","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":82,"completion_tokens":17,"total_tokens":99,"prompt_tokens_details":{"cached_tokens":64,"cache_write_tokens":8},"completion_tokens_details":{"reasoning_tokens":3}},"service_tier":"default"}"#,
     r#"{"id":"gen-9","model":"m","choices":[{"message":{"content":"héllo — 日本 😀","tool_calls":null,"reasoning_content":null,"reasoning":null},"finish_reason":"length"}]}"#,
     "{\n  \"id\": \"vllm-7\",\n  \"created\": 0,\n  \"model\": \"qwen3\",\n  \"choices\": [\n    {\"message\": {\"content\": \"x\"}, \"finish_reason\": null, \"stop_reason\": 151645}\n  ],\n  \"usage\": null\n}\n",
-    r#"{"id":"msg_already","choices":[{"message":{"content":"a"},"finish_reason":"tool_calls"},{"message":{"content":"second","tool_calls":[{"id":"c"}]}},7],"usage":[1]}"#,
+    r#"{"id":"msg_already","choices":[{"message":{"content":"a"},"finish_reason":"tool_calls"},{"message":{"content":"second","tool_calls" : null}},7],"usage":[1]}"#,
     r#"{"id":"c","choices":[{"message":{"content":"a"},"finish_reason":"content_filter"}],"usage":{"prompt_tokens":"3","completion_tokens":2}}"#,
     r#"{"id":"c","choices":[{"message":{"content":"a"},"finish_reason":"function_call"}],"usage":{"prompt_tokens":1e400}}"#,
     r#"{"choices":[{"finish_reason":"an unknown reason","message":{"role":"assistant","content":"Paris."}}],"id":"chatcmpl-","x":{"y":[{"\u00e9":"\ud800"}]}}"#,
@@ -119,6 +119,8 @@ fn other_shapes_are_left_to_the_ir_path() {
             r#"{"id":"c","choices":[{"message":{"content":"a"},"finish_reason":7}]}"#,
             r#"{"id":"c","choices":[{"message":{"content":"a"}}],"usage":{},"usage":{}}"#,
             r#"{"id":"c","choices":[{"message":{"content":"a"}}],"m\u006fdel":"m"}"#,
+            // Tools called anywhere: left before the pass.
+            r#"{"id":"c","choices":[{"message":{"content":"a"}},{"message":{"tool_calls" :  [{"id":"x"}]}}]}"#,
         ]
         .map(str::to_owned),
     );
