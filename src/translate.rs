@@ -272,11 +272,12 @@ pub fn request(
 }
 
 /// An upstream's JSON reply read as `T`: by hand, or by serde when the hand reader is unsure;
-/// `None` when it is not JSON.
-fn read_reply<'a, T: hand::Hand<'a> + serde::Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
-    std::str::from_utf8(body)
-        .ok()
-        .and_then(hand::object::<T>)
+/// `None` when it is not JSON. `text` is the body when it is UTF-8, checked once by the caller.
+fn read_reply<'a, T: hand::Hand<'a> + serde::Deserialize<'a>>(
+    body: &'a [u8],
+    text: Option<&'a str>,
+) -> Option<T> {
+    text.and_then(hand::object::<T>)
         .or_else(|| crate::json::from_body::<T>(body).ok())
 }
 
@@ -392,8 +393,14 @@ impl Translation {
         }
         // A chat reply of the common shape is written for a messages client in one pass, with
         // nothing between; `plain::read` answers only where that is what the IR path writes.
+        // The body's UTF-8 check is made once, for the one pass and the hand readers both; a
+        // Responses reply goes to serde, which makes its own.
+        let text = match self.upstream {
+            Protocol::Chat | Protocol::Messages => std::str::from_utf8(body).ok(),
+            Protocol::Responses => None,
+        };
         if let (Protocol::Chat, Protocol::Messages) = (self.upstream, self.client) {
-            if let Some(p) = std::str::from_utf8(body).ok().and_then(chat::plain::read) {
+            if let Some(p) = text.and_then(chat::plain::read) {
                 return JsonReply {
                     status: StatusCode::OK,
                     body: messages::plain_response_bytes(&p, &self.client_model),
@@ -405,10 +412,10 @@ impl Translation {
         // Chat and messages replies are read straight into the few members that count: no
         // `Value` tree, and by hand unless the reply is one the hand reader leaves to serde.
         let decoded = match self.upstream {
-            Protocol::Chat => read_reply::<chat::Reply<'_>>(body)
+            Protocol::Chat => read_reply::<chat::Reply<'_>>(body, text)
                 .ok_or_else(not_json)
                 .and_then(|reply| chat::reply_to_ir(&reply).map_err(to_info)),
-            Protocol::Messages => read_reply::<messages::UpstreamReply<'_>>(body)
+            Protocol::Messages => read_reply::<messages::UpstreamReply<'_>>(body, text)
                 .ok_or_else(not_json)
                 .map(|reply| messages::reply_to_ir(&reply, self.json_mode())),
             Protocol::Responses => crate::json::from_body::<Value>(body)

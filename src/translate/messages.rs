@@ -566,7 +566,9 @@ mod tests {
         let Ok(v) = serde_json::from_slice::<Value>(text) else {
             return true;
         };
-        let Some(typed) = crate::translate::read_reply::<UpstreamReply<'_>>(text) else {
+        let Some(typed) =
+            crate::translate::read_reply::<UpstreamReply<'_>>(text, std::str::from_utf8(text).ok())
+        else {
             return false;
         };
         [false, true].into_iter().all(|json_mode| {
