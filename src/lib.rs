@@ -41,6 +41,7 @@ pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod google_auth;
+pub mod http1;
 pub mod inplace;
 pub mod ir;
 pub mod json;

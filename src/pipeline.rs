@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
@@ -33,6 +32,7 @@ use crate::phases::{self, Phase};
 use crate::plan::{Encoded, Plan, Reply};
 use crate::route::{self, NamePattern};
 use crate::routing::Routing;
+use crate::server::ClientBody;
 use crate::translate::{self, Translation};
 use crate::upstream;
 use crate::video::{Call as VideoCall, Endpoint as VideoEndpoint, Seen as VideoSeen};
@@ -268,7 +268,7 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 pub async fn handle(
     gw: &Gateway,
     address: Address,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     keys_seen: &KeyMemo,
     request: crate::server::RequestGuard,
 ) -> Response<Body> {
@@ -395,7 +395,7 @@ async fn dispatch(
     address: Address,
     ep: Endpoint,
     parts: &Parts,
-    body: Incoming,
+    body: ClientBody,
     ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     // The future of a request lives inline in hyper's per-connection state for as long as the
@@ -450,7 +450,7 @@ async fn video(
     gw: &Gateway,
     rt: &Routing,
     parts: &Parts,
-    body: Incoming,
+    body: ClientBody,
     ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     let ep = VideoEndpoint::parse(&parts.method, parts.uri.path())?;
@@ -642,7 +642,7 @@ async fn count_tokens(
     rt: &Routing,
     address: Address,
     parts: &Parts,
-    body: Incoming,
+    body: ClientBody,
     ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     let principal = rt
@@ -742,7 +742,7 @@ async fn llm(
     address: Address,
     protocol: Protocol,
     parts: &Parts,
-    body: Incoming,
+    body: ClientBody,
     ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
     let principal = rt.keys.authenticate(
@@ -1305,7 +1305,7 @@ fn body_allowance(received: u64) -> Duration {
 /// `max_request_bytes`, and with 408 when the client is silent for `client_body_timeout` or
 /// sends slower than `MIN_BODY_RATE` after it.
 pub(crate) async fn read_body(
-    mut body: Incoming,
+    body: ClientBody,
     headers: &HeaderMap,
     limits: &Limits,
 ) -> Result<Bytes, GatewayError> {
@@ -1323,10 +1323,21 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|len| len > max) {
         // A client waiting for `100 Continue` sends nothing more: the refusal alone answers it.
         if !headers.contains_key(header::EXPECT) {
-            linger(body);
+            body.linger();
         }
         return Err(too_large());
     }
+    // Most bodies came with their head: no frame to wait for.
+    let mut body = match body {
+        ClientBody::Full(bytes) => {
+            let bytes = bytes.unwrap_or_default();
+            if bytes.len() as u64 > max {
+                return Err(too_large());
+            }
+            return Ok(bytes);
+        }
+        streaming => streaming,
+    };
     // A body that came in one frame is that frame, with no list allocated.
     let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
     let mut total: u64 = 0;
@@ -1384,7 +1395,7 @@ pub(crate) async fn read_body(
         if let Ok(data) = frame.into_data() {
             total += data.len() as u64;
             if total > max {
-                linger(body);
+                body.linger();
                 return Err(too_large());
             }
             chunks.push(data);
@@ -1395,34 +1406,6 @@ pub(crate) async fn read_body(
         1 => chunks.swap_remove(0),
         _ => Bytes::from(chunks.concat()),
     })
-}
-
-/// How much of a refused body's rest is read and dropped, and for how long at most.
-const LINGER_BYTES: u64 = 16 * 1024 * 1024;
-const LINGER_TIME: Duration = Duration::from_secs(2);
-
-/// Reads and drops the rest of a body refused as too large, while the refusal goes out. A
-/// connection closed with unread bytes is reset, and a client still sending then fails on its
-/// write before it reads the 413 (a lingering close, as nginx does). Past [`LINGER_BYTES`] or
-/// [`LINGER_TIME`] the body is dropped and the connection closed.
-fn linger(mut body: Incoming) {
-    let drain = async move {
-        let mut read: u64 = 0;
-        let _ = tokio::time::timeout(LINGER_TIME, async {
-            while let Some(Ok(frame)) = body.frame().await {
-                read += frame.data_ref().map_or(0, |d| d.len() as u64);
-                if read > LINGER_BYTES {
-                    break;
-                }
-            }
-        })
-        .await;
-    };
-    #[expect(
-        clippy::disallowed_methods,
-        reason = "bounded by LINGER_TIME and LINGER_BYTES; it must outlive the request, whose response is the refusal"
-    )]
-    tokio::spawn(drain);
 }
 
 /// `GET /v1/models`: what the calling key may use on this address, in OpenAI's list shape.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pin_project_lite::pin_project;
@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::{Address, Config, Limits};
 use crate::phases::Phase;
 use crate::pipeline::{self, Gateway};
+pub use h1::ClientBody;
 
 /// Connections the kernel completes for a listening socket before one of its loops accepts them
 /// (capped by `net.core.somaxconn`).
@@ -135,23 +136,10 @@ pub async fn start(config: &Config) -> std::io::Result<RunningGateway> {
         }
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
-        // A response is mostly small frames (SSE events, JSON replies): copying each into one
-        // buffer and writing it whole costs fewer instructions than queueing its head, chunk
-        // size, data and CRLF for a vectored write (−9 k per 23-event stream, benches/
-        // instructions.sh). Flushes happen at the same points, so nothing waits for more.
-        .writev(false)
-        // No header-read timer of hyper's own: `[limits] client_idle_timeout_ms` already closes
-        // a connection whose head never ends (only requests keep a connection open, not bytes),
-        // and hyper re-armed that timer after every response, earlier than the runtime's next
-        // planned wake-up, which made tokio write to its own wake-up descriptor each time.
-        .header_read_timeout(None::<Duration>);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new());
     let shared = Arc::new(Shared {
         gw: gateway.clone(),
-        h1,
         h2,
         limits: config.limits,
     });
@@ -251,6 +239,8 @@ fn new_socket(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
     }
 }
 
+mod h1;
+
 /// A bound listening socket and what the accept loops of its address share.
 struct Listener {
     address: Address,
@@ -322,7 +312,6 @@ fn spawn_accept(
 /// What every connection of every listener shares.
 struct Shared {
     gw: Arc<Gateway>,
-    h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
     limits: Limits,
 }
@@ -574,7 +563,13 @@ impl Connection {
                     () = &mut idle => return,
                     () = &mut stop => return,
                 };
-                self.serve(stream, protocol, &activity, idle, stop).await
+                // The sniffed bytes are the HTTP/1.1 codec's first read; HTTP/2 reads them again.
+                let first = match protocol {
+                    Protocol::Http1 => std::mem::take(&mut stream.first),
+                    Protocol::Http2 => BytesMut::new(),
+                };
+                self.serve(stream, first, protocol, &activity, idle, stop)
+                    .await
             }
             Some(acceptor) => {
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -586,8 +581,10 @@ impl Connection {
                         };
                         // Boxed: inline, the TLS connection's larger state would size every
                         // plain connection's task too (6.1 KB instead of 3.7 KB).
-                        crate::inplace::boxed(|| self.serve(s, protocol, &activity, idle, stop))
-                            .await
+                        crate::inplace::boxed(|| {
+                            self.serve(s, BytesMut::new(), protocol, &activity, idle, stop)
+                        })
+                        .await
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -599,6 +596,7 @@ impl Connection {
     async fn serve<I>(
         self,
         io: I,
+        first: BytesMut,
         protocol: Protocol,
         activity: &Arc<Activity>,
         idle: Pin<&mut (dyn Future<Output = ()> + Send + '_)>,
@@ -610,30 +608,34 @@ impl Connection {
         let address = self.address;
         let busy = activity.clone();
         let keys_seen = Arc::new(crate::auth::KeyMemo::default());
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        // One request's answer: built in a box of its own, so that it is freed once the
+        // response head is out instead of staying with every open stream and idle keep-alive
+        // connection (7 KB less per open stream in benches/memory.sh).
+        let answer = move |req: Request<ClientBody>| {
             let gw = gw.clone();
             let keys_seen = keys_seen.clone();
             // Counted from the request head until its response body is dropped, so a stream
             // with long pauses is never taken for an idle connection.
             crate::phases::mark(Phase::Head);
             let request = busy.request();
-            async move {
+            crate::inplace::boxed(move || async move {
                 crate::phases::mark(Phase::Polled);
-                // hyper keeps this future's box for the connection's life, and the pipeline's
-                // future is several KB: boxed on its own, it is freed once the response head is
-                // out, instead of staying with every open stream and idle keep-alive connection
-                // (7 KB less per open stream in benches/memory.sh, for under 1% more instructions).
-                let resp = crate::inplace::boxed(|| {
-                    pipeline::handle(&gw, address, req, &keys_seen, request)
-                })
-                .await;
-                Ok::<_, std::convert::Infallible>(resp)
-            }
-        });
-        let io = TokioIo::new(io);
+                pipeline::handle(&gw, address, req, &keys_seen, request).await
+            })
+        };
         match protocol {
-            Protocol::Http1 => drive!(self.shared.h1.serve_connection(io, service), idle, stop),
-            Protocol::Http2 => drive!(self.shared.h2.serve_connection(io, service), idle, stop),
+            Protocol::Http1 => drive!(h1::Conn::new(io, first, answer), idle, stop),
+            Protocol::Http2 => {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let resp = answer(req.map(ClientBody::H2));
+                    async move { Ok::<_, std::convert::Infallible>(resp.await) }
+                });
+                drive!(
+                    self.shared.h2.serve_connection(TokioIo::new(io), service),
+                    idle,
+                    stop
+                )
+            }
         }
     }
 }
