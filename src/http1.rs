@@ -12,6 +12,7 @@ pub const MAX_FRAMING: usize = 16 * 1024;
 #[error("{0}")]
 pub struct ChunkError(pub &'static str);
 
+/// A `content-length` value's digits as a number (none, a sign or more than 19 digits: `None`).
 pub fn parse_length(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -23,21 +24,50 @@ pub fn parse_length(digits: &[u8]) -> Option<u64> {
     )
 }
 
+/// The length one more `content-length` line says, beside the `seen` ones: a repeated or listed
+/// length is accepted only when every value agrees (RFC 9110 §8.6). `Err` says why not.
+pub fn agreed_length(value: &[u8], seen: Option<u64>) -> Result<u64, &'static str> {
+    let mut length = seen;
+    for part in members(value) {
+        let n = parse_length(part).ok_or("bad content-length")?;
+        if length.is_some_and(|l| l != n) {
+            return Err("conflicting content-length values");
+        }
+        length = Some(n);
+    }
+    length.ok_or("bad content-length")
+}
+
+/// The comma-separated members of a header value, trimmed.
+pub fn members(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
+}
+
+/// Whether a `transfer-encoding` line ends with `chunked`.
+pub fn ends_chunked(value: &[u8]) -> bool {
+    members(value)
+        .next_back()
+        .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Whether a header value lists `token`, in any case.
+pub fn lists(value: &[u8], token: &str) -> bool {
+    members(value).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
+}
+
 pub fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .next_back()
-        .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
-        .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .is_some_and(|v| ends_chunked(v.as_bytes()))
 }
 
 pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    })
+    headers
+        .get_all(name)
+        .iter()
+        .any(|v| lists(v.as_bytes(), token))
 }
 
 /// Where a chunked body's decoder stands.

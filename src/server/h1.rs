@@ -20,7 +20,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::boxed::{Body, BoxError};
-use crate::http1::{has_token, last_coding_is_chunked, parse_length, ChunkError, Chunked};
+use crate::http1::{agreed_length, ends_chunked, lists, parse_length, ChunkError, Chunked};
 
 /// The largest request head accepted; a longer one is answered 431.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -28,6 +28,8 @@ pub const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
 /// What one read asks the socket for at least.
 const READ_SIZE: usize = 8 * 1024;
+/// The most a read of a request body with a known length asks for at once.
+const MAX_BODY_READ: usize = 256 * 1024;
 /// Response bytes gathered before they are written even if more frames are ready.
 const WRITE_BATCH: usize = 64 * 1024;
 /// A write buffer kept between requests up to this size; a larger one is let go.
@@ -390,6 +392,11 @@ where
             wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             ready!(flush(io, wbuf, written, cx))?;
         }
+        if let Framing::Length(left) = reading.framing {
+            // A large upload is read in reads its own size, not the head's.
+            let want = usize::try_from(left).map_or(MAX_BODY_READ, |l| l.min(MAX_BODY_READ));
+            buf.reserve(want);
+        }
         let closed = buf.is_empty() && ready!(fill(io, buf, cx))? == 0;
         let got = if closed {
             Err(ChunkError(
@@ -734,59 +741,58 @@ fn parse(buf: &mut BytesMut) -> Result<Option<Parsed>, StatusCode> {
         return Err(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
     let bad = StatusCode::BAD_REQUEST;
-    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes()).map_err(|_| bad)?;
+    // A complete parse has both; `bad` only keeps this free of a panic.
+    let method = Method::from_bytes(req.method.ok_or(bad)?.as_bytes()).map_err(|_| bad)?;
     let http10 = req.version == Some(0);
     let base = buf.as_ptr() as usize;
-    let path = req.path.unwrap_or_default();
+    let path = req.path.ok_or(bad)?;
     let path_at = path.as_ptr() as usize - base;
     let path_span = (path_at, path_at + path.len());
+    // What framing and persistence need is read on the way, so no header is looked up again
+    // in the map (each lookup hashes its name).
+    let mut keep_alive = !http10;
+    let (mut close, mut chunked, mut coded, mut expects) = (false, false, false, false);
+    let mut length = None;
     // Offsets, so the values can be cut from the head once it is frozen.
     let mut spans: smallvec::SmallVec<[(HeaderName, usize, usize); 16]> = smallvec::SmallVec::new();
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad)?;
+        if name == header::CONTENT_LENGTH {
+            length = Some(agreed_length(h.value, length).map_err(|_| bad)?);
+        } else if name == header::TRANSFER_ENCODING {
+            coded = true;
+            // The last line's last coding decides.
+            chunked = ends_chunked(h.value);
+        } else if name == header::CONNECTION {
+            close |= lists(h.value, "close");
+            keep_alive |= lists(h.value, "keep-alive");
+        } else if name == header::EXPECT {
+            expects = h.value.eq_ignore_ascii_case(b"100-continue");
+        }
         let start = h.value.as_ptr() as usize - base;
         spans.push((name, start, start + h.value.len()));
     }
+    // RFC 9112 §6.3: a transfer coding wins over a length, and a request whose last coding is
+    // not chunked cannot be delimited at all (nor can an HTTP/1.0 one, which has no codings).
+    let framing = match (coded, length) {
+        (true, _) if http10 || !chunked => return Err(bad),
+        (true, _) => Framing::Chunked(Chunked::default()),
+        (false, n) => Framing::Length(n.unwrap_or(0)),
+    };
+    // Both: a smuggling attempt or a broken client. Read as chunked, then closed; the length
+    // is left out so that nothing after this trusts it.
+    let smuggled = coded && length.is_some();
+    let keep_alive = keep_alive && !close && !smuggled;
     let raw = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(raw.slice(path_span.0..path_span.1)).map_err(|_| bad)?;
     let mut headers = HeaderMap::with_capacity(spans.len());
     for (name, start, end) in spans.drain(..) {
+        if smuggled && name == header::CONTENT_LENGTH {
+            continue;
+        }
         let value = HeaderValue::from_maybe_shared(raw.slice(start..end)).map_err(|_| bad)?;
         headers.append(name, value);
     }
-    let mut keep_alive = if http10 {
-        has_token(&headers, header::CONNECTION, "keep-alive")
-    } else {
-        true
-    };
-    keep_alive &= !has_token(&headers, header::CONNECTION, "close");
-    // RFC 9112 §6.3: a transfer coding wins over a length, and a request whose last coding is
-    // not chunked cannot be delimited at all.
-    let framing = if headers.contains_key(header::TRANSFER_ENCODING) {
-        if http10 || !last_coding_is_chunked(&headers) {
-            return Err(bad);
-        }
-        if headers.remove(header::CONTENT_LENGTH).is_some() {
-            // Both: a smuggling attempt or a broken client; read as chunked, then close.
-            keep_alive = false;
-        }
-        Framing::Chunked(Chunked::default())
-    } else {
-        let mut length = None;
-        for value in headers.get_all(header::CONTENT_LENGTH) {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                let n = parse_length(part.trim_ascii()).ok_or(bad)?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(bad);
-                }
-                length = Some(n);
-            }
-        }
-        Framing::Length(length.unwrap_or(0))
-    };
-    let expects = headers
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let asked = Asked {
         head: method == Method::HEAD,
         http10,

@@ -6,7 +6,7 @@ use http::{Method, StatusCode, Version};
 use smallvec::SmallVec;
 
 pub use crate::http1::Chunked;
-use crate::http1::{has_token, last_coding_is_chunked, parse_length, ChunkError};
+use crate::http1::{agreed_length, has_token, last_coding_is_chunked, ChunkError};
 
 /// The largest response head accepted, as hyper's default read limit allows.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -226,14 +226,7 @@ fn framing(
     }
     let mut length = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
-        // A repeated or listed length is accepted only when every value agrees.
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_length(part.trim_ascii()).ok_or(Error::Head("bad content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Error::Head("conflicting content-length values"));
-            }
-            length = Some(n);
-        }
+        length = Some(agreed_length(value.as_bytes(), length).map_err(Error::Head)?);
     }
     Ok(match length {
         Some(n) => (Framing::Length(n), true),
