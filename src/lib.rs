@@ -3,7 +3,8 @@
 //! A request's way through the code, one module per stage:
 //!
 //! ```text
-//! server      event loops (one per core) accept TCP (TLS by rustls), HTTP/1.1 + HTTP/2, graceful shutdown
+//! server      event loops (one per core) accept TCP (TLS by rustls); HTTP/1.1 on our own server
+//!             side (`server::h1`), HTTP/2 on hyper's; graceful shutdown
 //!  └─ pipeline     auth → read → route → limit → plan → attempts → respond; the one place an
 //!       │          error becomes a response, for every address (video included)
 //!       ├─ routing      keys, models, targets' state: one ArcSwap, read once per request
@@ -24,7 +25,8 @@
 //!
 //! Leaves everyone reads: `domain` (protocols, addresses, kinds, name patterns), `config` (the
 //! TOML file as validated types), `error` over `boxed` (the body type), `gateway` (process-wide
-//! services: client, metrics, limiter), `ir` (the canonical representation translation goes
+//! services: client, metrics, limiter), `http1` (chunked de-framing and the framing headers'
+//! rules, for both HTTP/1.1 sides), `ir` (the canonical representation translation goes
 //! through), `sse` (the event-stream codec), `json` (request bodies as raw values so unknown
 //! fields survive), `thinking` (one rule for thinking budgets). `mock` is the built-in upstream,
 //! a target like any other.
