@@ -248,7 +248,8 @@ fn count_value(n: u32) -> HeaderValue {
 fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&X_REQUEST_ID) {
         if !v.is_empty() && v.len() <= 128 {
-            // Copied: a clone would share hyper's read buffer, and the request's record keeps
+            // Copied: a clone would share the connection's read buffer (the head's bytes are a
+            // slice of it), and the request's record keeps
             // the id until its access line is written.
             let owned = Bytes::from_owner(v.as_bytes().to_vec());
             if let Ok(copy) = HeaderValue::from_maybe_shared(owned) {
@@ -382,8 +383,8 @@ pub async fn handle(
     };
     let metrics = gw.services.metrics.clone();
     phases::mark(Phase::Recorded);
-    // Boxed, though hyper could keep it by its type: hyper moves the body it holds several
-    // times on the way out, and moves of the whole layer (about 250 bytes) cost more than the
+    // Boxed, though a server could keep it by its type: the body is moved on its way out (by
+    // hyper several times), and moves of the whole layer (about 250 bytes) cost more than the
     // allocation (memcpy 178 -> 383 instructions in hyper's `poll_write` alone), and every
     // connection's state, idle ones included, would be sized for it.
     resp.map(|b| BodyExt::boxed(Observed::new(b, record, metrics, stream, ctx.holds)))
@@ -398,9 +399,9 @@ async fn dispatch(
     body: ClientBody,
     ctx: &mut Ctx<'_>,
 ) -> Result<Response<Body>, GatewayError> {
-    // The future of a request lives inline in hyper's per-connection state for as long as the
-    // connection is open, sized for its largest branch: the less frequent branches with large
-    // futures are boxed, so open streams and idle keep-alive connections do not carry them.
+    // The future of a request is one box (the server's) sized for its largest branch, held
+    // until the answer's head is out: the less frequent branches with large futures are boxed
+    // on their own, so the common ones do not allocate for them.
     match ep {
         Endpoint::Llm(protocol) => {
             ctx.protocol = protocol.name();

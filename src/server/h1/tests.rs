@@ -91,6 +91,18 @@ struct Server {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
+impl Server {
+    /// The sender of the `/stream` answer the service made next.
+    async fn next_stream(&self) -> mpsc::UnboundedSender<Bytes> {
+        loop {
+            if let Some(tx) = self.streams.lock().unwrap().pop() {
+                return tx;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
 /// A loopback listener serving every connection with [`Conn`] and [`answer`].
 async fn server() -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -378,12 +390,7 @@ async fn a_body_of_unknown_length_is_chunked_for_http_1_1_and_close_delimited_fo
         .unwrap();
     let mut buf = Vec::new();
     // Each frame goes out as it is sent, before the body ends.
-    let tx = loop {
-        if let Some(tx) = srv.streams.lock().unwrap().pop() {
-            break tx;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
+    let tx = srv.next_stream().await;
     tx.send(Bytes::from_static(b"data: one\n\n")).unwrap();
     while !String::from_utf8_lossy(&buf).contains("data: one") {
         read_more(&mut s, &mut buf).await;
@@ -396,12 +403,7 @@ async fn a_body_of_unknown_length_is_chunked_for_http_1_1_and_close_delimited_fo
 
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     s.write_all(b"GET /stream HTTP/1.0\r\n\r\n").await.unwrap();
-    let tx = loop {
-        if let Some(tx) = srv.streams.lock().unwrap().pop() {
-            break tx;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
+    let tx = srv.next_stream().await;
     tx.send(Bytes::from_static(b"all")).unwrap();
     drop(tx);
     let mut all = Vec::new();
@@ -469,12 +471,7 @@ async fn graceful_shutdown_closes_idle_connections_and_lets_a_busy_one_finish() 
     busy.write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
-    let tx = loop {
-        if let Some(tx) = srv.streams.lock().unwrap().pop() {
-            break tx;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
+    let tx = srv.next_stream().await;
     srv.stop.send(true).unwrap();
     assert!(closed(&mut idle).await, "an idle connection stayed open");
     tx.send(Bytes::from_static(b"last")).unwrap();
