@@ -1,7 +1,6 @@
 //! HTTP/1.1 wire pieces both sides of the gateway share: `transfer-encoding: chunked` de-framed in place, and the length and token rules of RFC 9112's framing headers.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName};
 
 /// Bytes of chunk framing (a size line with its extensions, or the trailer section) allowed
 /// between two runs of data: enough for any real extension, not a way to stream without data.
@@ -11,6 +10,14 @@ pub const MAX_FRAMING: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ChunkError(pub &'static str);
+
+/// One header line of a head being written.
+pub fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
 
 /// A `content-length` value's digits as a number (none, a sign or more than 19 digits: `None`).
 pub fn parse_length(digits: &[u8]) -> Option<u64> {
@@ -53,21 +60,6 @@ pub fn ends_chunked(value: &[u8]) -> bool {
 /// Whether a header value lists `token`, in any case.
 pub fn lists(value: &[u8], token: &str) -> bool {
     members(value).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
-}
-
-pub fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .is_some_and(|v| ends_chunked(v.as_bytes()))
-}
-
-pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .any(|v| lists(v.as_bytes(), token))
 }
 
 /// Where a chunked body's decoder stands.

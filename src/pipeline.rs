@@ -626,12 +626,14 @@ async fn stored_response(
         }
     }
     let resp = redact_errors(resp, &upstream, gw.services.limits.max_reply_bytes);
+    let stream = body::is_event_stream(resp.headers());
     Ok(wrap_response(
         resp,
         gw.services.limits,
         StreamGuard::None,
         &ctx.fate,
         None,
+        stream,
     ))
 }
 
@@ -709,12 +711,14 @@ async fn count_tokens(
             gw.services.limits.max_reply_bytes,
         )?;
         let resp = redact_errors(resp, &target.upstream, gw.services.limits.max_reply_bytes);
+        let stream = body::is_event_stream(resp.headers());
         return Ok(wrap_response(
             resp,
             gw.services.limits,
             StreamGuard::None,
             &ctx.fate,
             None,
+            stream,
         ));
     }
     // Off the async workers: a long prompt is milliseconds of CPU, and the first count loads
@@ -858,7 +862,7 @@ async fn llm(
 /// answer needs no await, and the future of a function awaited on every request was moved
 /// into the request's future and out again (two copies of about 260 bytes each).
 macro_rules! respond {
-    ($resp:expr, $limits:expr, $reply:expr, $fate:expr, $usage:expr) => {
+    ($resp:expr, $limits:expr, $reply:expr, $fate:expr, $usage:expr, $stream:expr) => {
         match $reply {
             Reply::Passthrough { guard, strip_usage } => Ok(passthrough(
                 $resp,
@@ -867,8 +871,11 @@ macro_rules! respond {
                 strip_usage,
                 $fate,
                 $usage,
+                $stream,
             )),
-            Reply::Translated(t) => translated_response($resp, $limits, &t, $fate, $usage).await,
+            Reply::Translated(t) => {
+                translated_response($resp, $limits, &t, $fate, $usage, $stream).await
+            }
         }
     };
 }
@@ -978,12 +985,14 @@ async fn attempts(
                     continue;
                 }
                 let ok = resp.status().is_success();
+                // Asked once of the answer's head: each layer below would ask it again.
+                let stream = body::is_event_stream(resp.headers());
                 let within = gw
                     .services
                     .limits
                     .first_byte_timeout
                     .saturating_sub(elapsed);
-                match first_frame(resp, within).await {
+                match first_frame(resp, stream, within).await {
                     Ok(resp) => {
                         if class.is_none() {
                             rt.runtime
@@ -997,14 +1006,13 @@ async fn attempts(
                         );
                         let meter = hold.meter.take();
                         let usage = ok.then(|| {
-                            let stream = body::is_event_stream(resp.headers());
                             let reader = UsageReader::new(encoded.protocol, stream);
                             Usage::new(reader, ctx.fate.clone(), meter)
                         });
                         plan.served =
                             Some((encoded.protocol, target.upstream.kind != UpstreamKind::Mock));
                         let limits = gw.services.limits;
-                        let resp = respond!(resp, limits, encoded.reply, &ctx.fate, usage)?;
+                        let resp = respond!(resp, limits, encoded.reply, &ctx.fate, usage, stream)?;
                         phases::mark(Phase::Responded);
                         // The target counts this attempt in flight until its body is dropped.
                         ctx.holds.in_flight = Some(inflight);
@@ -1036,7 +1044,8 @@ async fn attempts(
         Some(Failed::Transport(e)) => Err(e),
         Some(Failed::Status(resp, encoded)) => {
             let limits = gw.services.limits;
-            let mut resp = respond!(resp, limits, encoded.reply, &ctx.fate, None)?;
+            let stream = body::is_event_stream(resp.headers());
+            let mut resp = respond!(resp, limits, encoded.reply, &ctx.fate, None, stream)?;
             if let Some(after) = smallest_retry_after.filter(|_| resp.status().as_u16() == 429) {
                 let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
                 resp.headers_mut()
@@ -1076,9 +1085,10 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// (benchbed S1), and a JSON body that breaks is rare and answered as a 502.
 async fn first_frame(
     mut resp: Response<Sent>,
+    stream: bool,
     within: Duration,
 ) -> Result<Response<Sent>, GatewayError> {
-    if !resp.status().is_success() || !body::is_event_stream(resp.headers()) {
+    if !resp.status().is_success() || !stream {
         return Ok(resp);
     }
     let body = resp.body_mut();
@@ -1115,9 +1125,10 @@ fn passthrough(
     strip_usage: bool,
     fate: &Fate,
     usage: Option<Usage>,
+    stream: bool,
 ) -> Response<Body> {
-    let resp = wrap_response(resp, limits, guard, fate, usage);
-    if strip_usage && body::is_event_stream(resp.headers()) {
+    let resp = wrap_response(resp, limits, guard, fate, usage, stream);
+    if strip_usage && stream {
         resp.map(|b| BodyExt::boxed(body::StripUsage::new(b)))
     } else {
         resp
@@ -1183,22 +1194,23 @@ fn redact_errors(
     resp.map(|b| SentBody::Upstream(b).sent())
 }
 
-/// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame.
+/// Forwards the upstream's head (hop-by-hop headers removed) and polls its body frame by frame;
+/// `stream`: the head says the body is an event stream.
 fn wrap_response(
     resp: Response<Sent>,
     limits: Limits,
     guard: StreamGuard,
     fate: &Fate,
     usage: Option<Usage>,
+    stream: bool,
 ) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     // Only a successful event stream is ours to police; an error body passes through as sent.
-    let guard = if parts.status.is_success() && body::is_event_stream(&parts.headers) {
+    let guard = if parts.status.is_success() && stream {
         guard
     } else {
         StreamGuard::None
     };
-    let stream = body::is_event_stream(&parts.headers);
     upstream::keep_response_headers(&mut parts.headers);
     let limit = if stream {
         parts
@@ -1222,9 +1234,10 @@ async fn translated_response(
     t: &Translation,
     fate: &Fate,
     usage: Option<Usage>,
+    stream: bool,
 ) -> Result<Response<Body>, GatewayError> {
     let (mut parts, inner) = resp.into_parts();
-    let stream = parts.status.is_success() && body::is_event_stream(&parts.headers);
+    let stream = parts.status.is_success() && stream;
     let mut headers = std::mem::take(&mut parts.headers);
     upstream::keep_response_headers(&mut headers);
     headers.remove(header::CONTENT_TYPE);

@@ -719,11 +719,9 @@ pub fn check_answer(
             ),
         );
     }
-    let declared = resp
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    // The body's length as its framing gives it: a plain upstream's head keeps no framing
+    // headers in its map.
+    let declared = http_body::Body::size_hint(resp.body()).exact();
     if !event_stream && declared.is_some_and(|len| len > max_reply) {
         return Err(GatewayError::new(
             ErrorKind::UpstreamBadResponse,

@@ -6,7 +6,7 @@ use http::{Method, StatusCode, Version};
 use smallvec::SmallVec;
 
 pub use crate::http1::Chunked;
-use crate::http1::{agreed_length, has_token, last_coding_is_chunked, ChunkError};
+use crate::http1::{agreed_length, ends_chunked, header_line as line, lists, ChunkError};
 
 /// The largest response head accepted, as hyper's default read limit allows.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -82,13 +82,6 @@ pub fn map_headers(map: &HeaderMap) -> impl FnOnce(&mut Emit<'_>) + '_ {
             emit(name, value);
         }
     }
-}
-
-fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// How a response's body is delimited (RFC 9112 §6.3).
@@ -172,9 +165,17 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Opt
     let base = buf.as_ptr() as usize;
     // On the stack for a usual head.
     let mut spans: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
+    // The framing headers are read on the way, so that none is looked up in the map after (each
+    // lookup hashes its name); for a client's answer they stay out of the map, whose headers
+    // all go on to the client, and these never may.
+    let mut seen = Seen::default();
+    let own = matches!(keep, Keep::All);
     for h in resp.headers.iter().filter(|h| keep.wants(h.name)) {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Head("bad header name"))?;
+        if !seen.note(&name, h.value) && !own {
+            continue;
+        }
         let start = h.value.as_ptr() as usize - base;
         spans.push((name, start, start + h.value.len()));
     }
@@ -189,49 +190,71 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Opt
             .map_err(|_| Error::Head("bad header value"))?;
         headers.append(name, value);
     }
-    let (framing, mut keep_alive) = framing(status, &headers, method)?;
-    keep_alive &= version == Version::HTTP_11 && !has_token(&headers, header::CONNECTION, "close");
+    let (framing, keep_alive) = seen.framing(status, method)?;
     Ok(Some(Head {
         status,
         version,
         headers,
         framing,
-        keep_alive,
+        keep_alive: keep_alive && version == Version::HTTP_11 && !seen.close,
     }))
 }
 
-/// The body's framing, and false when it leaves the connection unusable afterwards.
-fn framing(
-    status: StatusCode,
-    headers: &HeaderMap,
-    method: &Method,
-) -> Result<(Framing, bool), Error> {
-    if method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok((Framing::Length(0), true));
-    }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked = last_coding_is_chunked(headers);
-        // With a content-length beside it, a message is a smuggling attempt or a broken server:
-        // read as the transfer coding says (RFC 9112 §6.3), then close.
-        let clean = !headers.contains_key(header::CONTENT_LENGTH);
-        return Ok(if chunked {
-            (Framing::Chunked, clean)
+/// What a head's framing headers said, read in the parse's one pass.
+#[derive(Default)]
+struct Seen {
+    /// A `transfer-encoding` line, and whether the last one's last coding is `chunked`.
+    coded: bool,
+    chunked: bool,
+    /// The `content-length` lines' agreed value, or why they disagree.
+    length: Option<Result<u64, &'static str>>,
+    /// `connection: close`.
+    close: bool,
+}
+
+impl Seen {
+    /// Notes a header; false when it is one of the framing headers.
+    fn note(&mut self, name: &HeaderName, value: &[u8]) -> bool {
+        if *name == header::CONTENT_LENGTH {
+            self.length = Some(match self.length {
+                Some(Err(e)) => Err(e),
+                seen => agreed_length(value, seen.and_then(Result::ok)),
+            });
+        } else if *name == header::TRANSFER_ENCODING {
+            self.coded = true;
+            self.chunked = ends_chunked(value);
+        } else if *name == header::CONNECTION {
+            self.close |= lists(value, "close");
         } else {
-            (Framing::Close, false)
-        });
+            return true;
+        }
+        false
     }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        length = Some(agreed_length(value.as_bytes(), length).map_err(Error::Head)?);
+
+    /// The body's framing, and false when it leaves the connection unusable afterwards.
+    fn framing(&self, status: StatusCode, method: &Method) -> Result<(Framing, bool), Error> {
+        if method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Ok((Framing::Length(0), true));
+        }
+        if self.coded {
+            // With a content-length beside it, a message is a smuggling attempt or a broken
+            // server: read as the transfer coding says (RFC 9112 §6.3), then close.
+            return Ok(if self.chunked {
+                (Framing::Chunked, self.length.is_none())
+            } else {
+                (Framing::Close, false)
+            });
+        }
+        Ok(match self.length {
+            Some(Ok(n)) => (Framing::Length(n), true),
+            Some(Err(e)) => return Err(Error::Head(e)),
+            None => (Framing::Close, false),
+        })
     }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::Close, false),
-    })
 }
 
 #[cfg(test)]
@@ -255,15 +278,8 @@ mod tests {
             .unwrap();
         let mut names: Vec<&str> = forwarded.headers.keys().map(|n| n.as_str()).collect();
         names.sort_unstable();
-        assert_eq!(
-            names,
-            [
-                "connection",
-                "content-type",
-                "transfer-encoding",
-                "x-request-id"
-            ]
-        );
+        // The framing headers are read, and left out of a map whose headers go to a client.
+        assert_eq!(names, ["content-type", "x-request-id"]);
         assert_eq!(forwarded.headers["x-request-id"], "req_up");
         let all = head(raw, Method::POST).unwrap().unwrap();
         assert_eq!(all.headers.len(), 7);
