@@ -32,6 +32,9 @@ upstream = "mock-chat"
 upstream_model = "mock-gpt@delay_us=250000@chunks=80"
 EOF
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$gw_pid/status"; }
+# The anonymous part (heap, stacks): RSS also counts the binary's file pages faulted in, which
+# move with the profile's layout from one build to the next.
+anon() { awk '/^RssAnon:/ {print $2}' "/proc/$gw_pid/status"; }
 url=http://127.0.0.1:$gport
 auth=(-H "authorization: Bearer $key" -H 'content-type: application/json')
 warm() {
@@ -55,7 +58,7 @@ hold() { # path body label: a fresh gateway each time, so one kind's freed memor
     start
     warm
     sleep 1
-    local before=$(rss) peak=0
+    local before=$(rss) before_anon=$(anon) peak=0
     # All N requests go out within 1 s; each stream lasts 20 s, so all are open at the sample.
     "$probe" --url "$url$1" --body "$2" -H "authorization: Bearer $key" \
         --rate "$n" --duration 1 --warmup 0 --max-inflight $((n + 10)) --grace 30 --timeout 40 \
@@ -64,16 +67,17 @@ hold() { # path body label: a fresh gateway each time, so one kind's freed memor
     sleep 6
     local open=$(ss -Htn state established "( sport = :$gport )" | wc -l)
     peak=$(rss)
-    echo "$3: $open client connections open, RSS $before -> $peak KiB, $(( (peak - before) * 1024 / n )) bytes per stream"
+    local peak_anon=$(anon)
+    echo "$3: $open client connections open, RSS $before -> $peak KiB, $(( (peak - before) * 1024 / n )) bytes per stream ($(( (peak_anon - before_anon) * 1024 / n )) anonymous)"
     kill "$probe_pid" 2>/dev/null || true
     wait "$probe_pid" 2>/dev/null || true
     stop
 }
 start
-echo "idle RSS at start: $(rss) KiB"
+echo "idle RSS at start: $(rss) KiB ($(anon) KiB anonymous)"
 warm
 sleep 1
-echo "idle RSS after three requests of each kind: $(rss) KiB"
+echo "idle RSS after three requests of each kind: $(rss) KiB ($(anon) KiB anonymous)"
 stop
 hold /v1/chat/completions '{"model":"mock-gpt-hold","stream":true,"messages":[{"role":"user","content":"hi"}]}' "passthrough chat stream"
 hold /v1/messages '{"model":"mock-gpt-hold","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}' "messages -> chat stream"
