@@ -289,6 +289,17 @@ mod tests {
             (all.framing, all.keep_alive)
         );
         assert_eq!((all.framing, all.keep_alive), (Framing::Chunked, false));
+        // Left out of the map, the framing headers are still read and checked.
+        let length = "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n";
+        let r = parse_head(&mut BytesMut::from(length), &Method::POST, only)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.framing, r.keep_alive, r.headers.len()),
+            (Framing::Length(12), true, 0)
+        );
+        let conflicting = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n";
+        assert!(parse_head(&mut BytesMut::from(conflicting), &Method::POST, only).is_err());
     }
 
     #[test]
