@@ -601,7 +601,8 @@ const FRAMING: [HeaderName; FRAMING_LEN] = [
 pub fn keep_response_headers(headers: &mut HeaderMap) {
     // The usual head, all the gateway's own client keeps of an answer: allowed names and the
     // framing headers, which are taken out by name (a lookup each) rather than the map drained
-    // and filled again (about 500 instructions a reply).
+    // and filled again (about 500 instructions a reply). A plain upstream's head comes without
+    // framing headers: its codec reads them and leaves them out.
     let mut framing = [false; FRAMING_LEN];
     let usual = headers
         .keys()
