@@ -1,6 +1,7 @@
-//! HTTP/1.1 wire pieces both sides of the gateway share: `transfer-encoding: chunked` de-framed in place, and the length and token rules of RFC 9112's framing headers.
+//! HTTP/1.1 wire pieces both sides of the gateway share: `transfer-encoding: chunked` de-framed in place, and what a head's framing headers say by RFC 9112's length and token rules.
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderName};
 
 /// Bytes of chunk framing (a size line with its extensions, or the trailer section) allowed
 /// between two runs of data: enough for any real extension, not a way to stream without data.
@@ -31,9 +32,49 @@ pub fn parse_length(digits: &[u8]) -> Option<u64> {
     )
 }
 
+/// What a head's framing headers (`content-length`, `transfer-encoding`, `connection`) say,
+/// noted as its parse passes them, so that none is looked up in the map afterwards (each lookup
+/// hashes its name). Each side draws its own framing from them: a request and a response are
+/// delimited by different rules (RFC 9112 §6.3).
+#[derive(Debug, Default)]
+pub struct FramingHeaders {
+    /// A `transfer-encoding` line was seen.
+    pub coded: bool,
+    /// The last `transfer-encoding` line's last coding is `chunked`.
+    pub chunked: bool,
+    /// The `content-length` lines' agreed value, or why they disagree.
+    pub length: Option<Result<u64, &'static str>>,
+    /// `connection` lists `close`.
+    pub close: bool,
+    /// `connection` lists `keep-alive`, which is what keeps an HTTP/1.0 connection open.
+    pub keep_alive: bool,
+}
+
+impl FramingHeaders {
+    /// Notes one header line; true when it is one of the framing headers.
+    pub fn note(&mut self, name: &HeaderName, value: &[u8]) -> bool {
+        if *name == header::CONTENT_LENGTH {
+            self.length = Some(match self.length {
+                Some(Err(e)) => Err(e),
+                seen => agreed_length(value, seen.and_then(Result::ok)),
+            });
+        } else if *name == header::TRANSFER_ENCODING {
+            self.coded = true;
+            // The last line's last coding decides.
+            self.chunked = ends_chunked(value);
+        } else if *name == header::CONNECTION {
+            self.close |= lists(value, "close");
+            self.keep_alive |= lists(value, "keep-alive");
+        } else {
+            return false;
+        }
+        true
+    }
+}
+
 /// The length one more `content-length` line says, beside the `seen` ones: a repeated or listed
 /// length is accepted only when every value agrees (RFC 9110 §8.6). `Err` says why not.
-pub fn agreed_length(value: &[u8], seen: Option<u64>) -> Result<u64, &'static str> {
+fn agreed_length(value: &[u8], seen: Option<u64>) -> Result<u64, &'static str> {
     let mut length = seen;
     for part in members(value) {
         let n = parse_length(part).ok_or("bad content-length")?;
@@ -46,19 +87,19 @@ pub fn agreed_length(value: &[u8], seen: Option<u64>) -> Result<u64, &'static st
 }
 
 /// The comma-separated members of a header value, trimmed.
-pub fn members(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+fn members(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     value.split(|&b| b == b',').map(<[u8]>::trim_ascii)
 }
 
 /// Whether a `transfer-encoding` line ends with `chunked`.
-pub fn ends_chunked(value: &[u8]) -> bool {
+fn ends_chunked(value: &[u8]) -> bool {
     members(value)
         .next_back()
         .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Whether a header value lists `token`, in any case.
-pub fn lists(value: &[u8], token: &str) -> bool {
+fn lists(value: &[u8], token: &str) -> bool {
     members(value).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
@@ -273,6 +314,47 @@ mod tests {
             }
         }
         Ok((out, dec.is_done(), buf.to_vec()))
+    }
+
+    fn noted(lines: &[(&str, &str)]) -> (FramingHeaders, Vec<bool>) {
+        let mut seen = FramingHeaders::default();
+        let framing = lines
+            .iter()
+            .map(|(n, v)| seen.note(&HeaderName::from_bytes(n.as_bytes()).unwrap(), v.as_bytes()))
+            .collect();
+        (seen, framing)
+    }
+
+    #[test]
+    fn framing_headers_are_noted_by_their_lists_and_lengths_must_agree() {
+        let (seen, framing) = noted(&[
+            ("content-type", "text/event-stream"),
+            ("content-length", "12, 12"),
+            ("content-length", "12"),
+            ("connection", "Keep-Alive, upgrade"),
+            ("Transfer-Encoding", "gzip, Chunked"),
+        ]);
+        assert_eq!(framing, [false, true, true, true, true]);
+        assert_eq!(seen.length, Some(Ok(12)));
+        assert!(seen.keep_alive && !seen.close);
+        assert!(seen.coded && seen.chunked);
+        // Only the last line's last coding decides.
+        let (seen, _) = noted(&[
+            ("transfer-encoding", "chunked"),
+            ("transfer-encoding", "gzip"),
+        ]);
+        assert!(seen.coded && !seen.chunked);
+        // A disagreement stays one, whatever agrees after it.
+        let (seen, _) = noted(&[
+            ("content-length", "3"),
+            ("content-length", "4"),
+            ("content-length", "4"),
+            ("connection", "close"),
+        ]);
+        assert_eq!(seen.length, Some(Err("conflicting content-length values")));
+        assert!(seen.close && !seen.keep_alive);
+        let (seen, _) = noted(&[("content-length", "+3")]);
+        assert_eq!(seen.length, Some(Err("bad content-length")));
     }
 
     const BODY: &[u8] =

@@ -20,9 +20,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::boxed::{Body, BoxError};
-use crate::http1::{
-    agreed_length, ends_chunked, header_line as line, lists, parse_length, Chunked,
-};
+use crate::http1::{header_line as line, parse_length, Chunked, FramingHeaders};
 
 /// The largest request head accepted; a longer one is answered 431.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -748,41 +746,31 @@ fn parse(buf: &mut BytesMut) -> Result<Option<Parsed>, StatusCode> {
     let path = req.path.ok_or(bad)?;
     let path_at = path.as_ptr() as usize - base;
     let path_span = (path_at, path_at + path.len());
-    // What framing and persistence need is read on the way, so no header is looked up again
-    // in the map (each lookup hashes its name).
-    let mut keep_alive = !http10;
-    let (mut close, mut chunked, mut coded, mut expects) = (false, false, false, false);
-    let mut length = None;
+    // What framing and persistence need is read on the way.
+    let mut seen = FramingHeaders::default();
+    let mut expects = false;
     // Offsets, so the values can be cut from the head once it is frozen.
     let mut spans: smallvec::SmallVec<[(HeaderName, usize, usize); 16]> = smallvec::SmallVec::new();
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad)?;
-        if name == header::CONTENT_LENGTH {
-            length = Some(agreed_length(h.value, length).map_err(|_| bad)?);
-        } else if name == header::TRANSFER_ENCODING {
-            coded = true;
-            // The last line's last coding decides.
-            chunked = ends_chunked(h.value);
-        } else if name == header::CONNECTION {
-            close |= lists(h.value, "close");
-            keep_alive |= lists(h.value, "keep-alive");
-        } else if name == header::EXPECT {
+        if !seen.note(&name, h.value) && name == header::EXPECT {
             expects = h.value.eq_ignore_ascii_case(b"100-continue");
         }
         let start = h.value.as_ptr() as usize - base;
         spans.push((name, start, start + h.value.len()));
     }
+    let length = seen.length.transpose().map_err(|_| bad)?;
     // RFC 9112 §6.3: a transfer coding wins over a length, and a request whose last coding is
     // not chunked cannot be delimited at all (nor can an HTTP/1.0 one, which has no codings).
-    let framing = match (coded, length) {
-        (true, _) if http10 || !chunked => return Err(bad),
+    let framing = match (seen.coded, length) {
+        (true, _) if http10 || !seen.chunked => return Err(bad),
         (true, _) => Framing::Chunked(Chunked::default()),
         (false, n) => Framing::Length(n.unwrap_or(0)),
     };
     // Both: a smuggling attempt or a broken client. Read as chunked, then closed; the length
     // is left out so that nothing after this trusts it.
-    let smuggled = coded && length.is_some();
-    let keep_alive = keep_alive && !close && !smuggled;
+    let smuggled = seen.coded && length.is_some();
+    let keep_alive = (seen.keep_alive || !http10) && !seen.close && !smuggled;
     let raw = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(raw.slice(path_span.0..path_span.1)).map_err(|_| bad)?;
     let mut headers = HeaderMap::with_capacity(spans.len());

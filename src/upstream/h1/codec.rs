@@ -6,7 +6,7 @@ use http::{Method, StatusCode, Version};
 use smallvec::SmallVec;
 
 pub use crate::http1::Chunked;
-use crate::http1::{agreed_length, ends_chunked, header_line as line, lists, ChunkError};
+use crate::http1::{header_line as line, ChunkError, FramingHeaders};
 
 /// The largest response head accepted, as hyper's default read limit allows.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -168,12 +168,12 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Opt
     // The framing headers are read on the way, so that none is looked up in the map after (each
     // lookup hashes its name); for a client's answer they stay out of the map, whose headers
     // all go on to the client, and these never may.
-    let mut seen = Seen::default();
+    let mut seen = FramingHeaders::default();
     let own = matches!(keep, Keep::All);
     for h in resp.headers.iter().filter(|h| keep.wants(h.name)) {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Head("bad header name"))?;
-        if !seen.note(&name, h.value) && !own {
+        if seen.note(&name, h.value) && !own {
             continue;
         }
         let start = h.value.as_ptr() as usize - base;
@@ -190,7 +190,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Opt
             .map_err(|_| Error::Head("bad header value"))?;
         headers.append(name, value);
     }
-    let (framing, keep_alive) = seen.framing(status, method)?;
+    let (framing, keep_alive) = framing(&seen, status, method)?;
     Ok(Some(Head {
         status,
         version,
@@ -200,61 +200,33 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method, keep: Keep) -> Result<Opt
     }))
 }
 
-/// What a head's framing headers said, read in the parse's one pass.
-#[derive(Default)]
-struct Seen {
-    /// A `transfer-encoding` line, and whether the last one's last coding is `chunked`.
-    coded: bool,
-    chunked: bool,
-    /// The `content-length` lines' agreed value, or why they disagree.
-    length: Option<Result<u64, &'static str>>,
-    /// `connection: close`.
-    close: bool,
-}
-
-impl Seen {
-    /// Notes a header; false when it is one of the framing headers.
-    fn note(&mut self, name: &HeaderName, value: &[u8]) -> bool {
-        if *name == header::CONTENT_LENGTH {
-            self.length = Some(match self.length {
-                Some(Err(e)) => Err(e),
-                seen => agreed_length(value, seen.and_then(Result::ok)),
-            });
-        } else if *name == header::TRANSFER_ENCODING {
-            self.coded = true;
-            self.chunked = ends_chunked(value);
-        } else if *name == header::CONNECTION {
-            self.close |= lists(value, "close");
+/// A response body's framing, and false when it leaves the connection unusable afterwards.
+fn framing(
+    seen: &FramingHeaders,
+    status: StatusCode,
+    method: &Method,
+) -> Result<(Framing, bool), Error> {
+    if method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Framing::Length(0), true));
+    }
+    if seen.coded {
+        // With a content-length beside it, a message is a smuggling attempt or a broken
+        // server: read as the transfer coding says (RFC 9112 §6.3), then close.
+        return Ok(if seen.chunked {
+            (Framing::Chunked, seen.length.is_none())
         } else {
-            return true;
-        }
-        false
+            (Framing::Close, false)
+        });
     }
-
-    /// The body's framing, and false when it leaves the connection unusable afterwards.
-    fn framing(&self, status: StatusCode, method: &Method) -> Result<(Framing, bool), Error> {
-        if method == Method::HEAD
-            || status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            return Ok((Framing::Length(0), true));
-        }
-        if self.coded {
-            // With a content-length beside it, a message is a smuggling attempt or a broken
-            // server: read as the transfer coding says (RFC 9112 §6.3), then close.
-            return Ok(if self.chunked {
-                (Framing::Chunked, self.length.is_none())
-            } else {
-                (Framing::Close, false)
-            });
-        }
-        Ok(match self.length {
-            Some(Ok(n)) => (Framing::Length(n), true),
-            Some(Err(e)) => return Err(Error::Head(e)),
-            None => (Framing::Close, false),
-        })
-    }
+    Ok(match seen.length {
+        Some(Ok(n)) => (Framing::Length(n), true),
+        Some(Err(e)) => return Err(Error::Head(e)),
+        None => (Framing::Close, false),
+    })
 }
 
 #[cfg(test)]
