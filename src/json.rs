@@ -164,6 +164,11 @@ impl<'a> RawObject<'a> {
         self.entries.is_empty()
     }
 
+    /// The members in order: each key unescaped, each value as its JSON text.
+    pub fn members(&self) -> impl Iterator<Item = (&str, Raw<'_>)> {
+        self.entries.iter().map(|(k, v)| (&**k, Raw(v)))
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|(k, _)| k.as_ref())
     }

@@ -355,13 +355,11 @@ pub async fn handle(
     }
     // An upstream's own request id (OpenAI's comes as `x-request-id`) stays readable beside ours.
     if let Some(theirs) = headers
-        .get(&X_REQUEST_ID)
-        .filter(|v| **v != ctx.request_id)
-        .cloned()
+        .insert(X_REQUEST_ID.clone(), ctx.request_id.clone())
+        .filter(|v| *v != ctx.request_id)
     {
         headers.insert(X_MODELGATE_UPSTREAM_REQUEST_ID.clone(), theirs);
     }
-    headers.insert(X_REQUEST_ID.clone(), ctx.request_id.clone());
     let stream = body::is_event_stream(resp.headers());
     let record = Record {
         request_id: ctx.request_id,

@@ -7,7 +7,7 @@ use crate::config::{Model, Protocol, Target};
 use crate::error::{ErrorKind, GatewayError};
 use crate::json::RawObject;
 use crate::passthrough;
-use crate::translate::{Decoded, Translation};
+use crate::translate::{self, Decoded, Translation};
 use crate::validate::{self, ChatChecked};
 
 /// The client's request, checked, ready to be written for any target.
@@ -140,6 +140,17 @@ impl<'b> Plan<'b> {
                 body,
                 reply: Reply::Passthrough { guard, strip_usage },
             });
+        }
+        if (self.client, protocol) == (Protocol::Messages, Protocol::Chat) {
+            if let Some((body, translation)) =
+                translate::plain_messages_for_chat(&self.obj, name, self.client_model)
+            {
+                return Ok(Encoded {
+                    protocol,
+                    body,
+                    reply: Reply::Translated(Box::new(translation)),
+                });
+            }
         }
         let decoded = match self.decoded {
             Some(ref mut decoded) => decoded,

@@ -256,6 +256,27 @@ impl Decoded {
     }
 }
 
+/// A messages request of the common shape for a chat target, written without the IR
+/// ([`messages::plain`]): the body and the reply's translation, as [`Decoded::encode`] makes
+/// them for such a request; `None` leaves the request to [`Decoded`].
+pub fn plain_messages_for_chat(
+    obj: &crate::json::RawObject<'_>,
+    upstream_model: &str,
+    client_model: &str,
+) -> Option<(Bytes, Translation)> {
+    let (body, stream) = messages::plain::chat_body(obj, upstream_model)?;
+    let t = Translation {
+        client: Protocol::Messages,
+        upstream: Protocol::Chat,
+        client_model: client_model.to_owned(),
+        stream,
+        client_ctx: ClientContext::Messages(messages::ClientContext::default()),
+        upstream_ctx: UpstreamContext::Chat(chat::UpstreamContext),
+        dropped: Vec::new(),
+    };
+    Some((Bytes::from(body), t))
+}
+
 /// Translates a client request body for an upstream of another protocol in one step.
 pub fn request(
     client: Protocol,

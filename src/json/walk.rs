@@ -55,6 +55,27 @@ pub(crate) fn members<const UTF8: bool>(
     }
 }
 
+/// Reads the array whose `[` is at `at`: `element` reads each element and answers where it
+/// ends. Answers where the array ends.
+pub(crate) fn array(
+    b: &[u8],
+    at: usize,
+    mut element: impl FnMut(usize) -> Option<usize>,
+) -> Option<usize> {
+    let mut i = space(b, at + 1);
+    if b.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        i = space(b, element(i)?);
+        match b.get(i)? {
+            b',' => i = space(b, i + 1),
+            b']' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
 /// Past the space, colon and space after a key that ends at `i`.
 pub(crate) fn colon(b: &[u8], i: usize) -> Option<usize> {
     let i = space(b, i);

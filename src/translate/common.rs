@@ -1,4 +1,4 @@
-//! Small helpers shared by the three protocol codecs: lenient reads of upstream JSON, refusals that name the field, message merging and body encoding.
+//! Small helpers shared by the three protocol codecs: lenient reads of upstream JSON, refusals that name the field, message merging, strings copied as written and body encoding.
 
 use std::borrow::Cow;
 
@@ -21,6 +21,35 @@ pub fn encoded<T: Serialize>(body: &T) -> Result<Vec<u8>, GatewayError> {
         )
     })?;
     Ok(out)
+}
+
+/// The string at `at`, quotes included, when its text written again (by
+/// [`crate::json::write_json_str`], as serde writes it) is these very bytes: when every escape
+/// in it is a short one. `\u` (which serde writes only for the control characters with no short
+/// form) and `\/` are not. A one-pass reader copies such a string rather than unescaping it
+/// into the IR and escaping it again.
+pub fn string_as_written(text: &str, at: usize) -> Option<(usize, &str)> {
+    let b = text.as_bytes();
+    if b.get(at) != Some(&b'"') {
+        return None;
+    }
+    let (end, escaped) = crate::json::walk::string::<true>(b, at + 1)?;
+    if escaped && !short_escapes_only(b.get(at + 1..end - 1)?) {
+        return None;
+    }
+    Some((end, text.get(at..end)?))
+}
+
+/// Whether every escape in a string's (checked) text is one serde writes as it is.
+fn short_escapes_only(inside: &[u8]) -> bool {
+    let mut rest = inside;
+    while let Some(k) = memchr::memchr(b'\\', rest) {
+        match rest.get(k + 1) {
+            Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => rest = &rest[k + 2..],
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// A request's system text as one string for an upstream that takes one: blank lines between

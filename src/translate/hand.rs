@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::Number;
 
 use super::lax::{Both, First, Loose, Raw, RawText, Spanned};
-use crate::json::walk::{self, literal, number, space};
+use crate::json::walk::{self, array, literal, number, space};
 
 /// A type read by hand from JSON text.
 pub trait Hand<'a>: Sized {
@@ -141,24 +141,31 @@ fn scalar(text: &str, at: usize) -> Option<(Scalar<'_>, usize)> {
         b'f' => (Scalar::Bool(false), literal(b, at, b"false")?),
         b'n' => (Scalar::Null, literal(b, at, b"null")?),
         b'-' | b'0'..=b'9' => {
-            let end = number(b, at)?;
-            let digits = b.get(at..end)?;
-            let n = if digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit) {
-                // A count (`max_tokens`): a plain integer that fits 64 bits, as serde reads it,
-                // without the cost of its number parser.
-                Number::from(
-                    digits
-                        .iter()
-                        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
-                )
-            } else {
-                // Parsed as serde parses it: an f64 out of range fails, as its read would.
-                text.get(at..end)?.parse().ok()?
-            };
+            let (n, end) = number_at(text, at)?;
             (Scalar::Num(n), end)
         }
         _ => return None,
     })
+}
+
+/// Reads the number at `at` as serde reads it, and where it ends.
+pub fn number_at(text: &str, at: usize) -> Option<(Number, usize)> {
+    let b = text.as_bytes();
+    let end = number(b, at)?;
+    let digits = b.get(at..end)?;
+    let n = if digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit) {
+        // A count (`max_tokens`): a plain integer that fits 64 bits, as serde reads it,
+        // without the cost of its number parser.
+        Number::from(
+            digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+        )
+    } else {
+        // Parsed as serde parses it: an f64 out of range fails, as its read would.
+        text.get(at..end)?.parse().ok()?
+    };
+    Some((n, end))
 }
 
 impl<'a, A: Hand<'a>, O: Hand<'a>> Hand<'a> for Loose<'a, A, O> {
@@ -209,23 +216,6 @@ impl<'a, T: Hand<'a> + Default> Hand<'a> for First<T> {
             None => T::read_fresh(slot.0.insert(T::default()), text, at, open + 1),
             Some(_) => walk::skip::<true>(b, at, open + 1),
         })
-    }
-}
-
-/// Reads the array whose `[` is at `at`: `element` reads each element and answers where it
-/// ends. Answers where the array ends.
-fn array(b: &[u8], at: usize, mut element: impl FnMut(usize) -> Option<usize>) -> Option<usize> {
-    let mut i = space(b, at + 1);
-    if b.get(i) == Some(&b']') {
-        return Some(i + 1);
-    }
-    loop {
-        i = space(b, element(i)?);
-        match b.get(i)? {
-            b',' => i = space(b, i + 1),
-            b']' => return Some(i + 1),
-            _ => return None,
-        }
     }
 }
 
@@ -315,6 +305,7 @@ pub(crate) mod check {
     use serde::Deserialize;
 
     use super::Hand;
+    use crate::config::{Target, ThinkingStyle};
 
     /// Whether the hand reader answered for `text`; when it did, it read what serde's read
     /// finds, member for member (compared by their `Debug` text). Whatever it did, serde's read
@@ -438,6 +429,37 @@ pub(crate) mod check {
                 format!("{{{}}}", members.join(","))
             }
         }
+    }
+
+    /// A chat target with each way of switching thinking, its model's name `m`.
+    pub(crate) fn targets() -> Vec<Target> {
+        let config = crate::config::Config::parse(
+            "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\ndefault_max_tokens = 100\n",
+            std::path::Path::new("."),
+            &|_| None,
+        )
+        .unwrap();
+        [
+            ThinkingStyle::None,
+            ThinkingStyle::ChatTemplateKwargs,
+            ThinkingStyle::EnableThinking,
+            ThinkingStyle::ThinkingType,
+            ThinkingStyle::Anthropic,
+            ThinkingStyle::OpenAi,
+        ]
+        .into_iter()
+        .map(|thinking| {
+            let p = config.models[0].primary();
+            Target {
+                upstream: p.upstream.clone(),
+                upstream_model: None,
+                weight: 1,
+                thinking,
+                default_max_tokens: p.default_max_tokens,
+                hosted_tools: p.hosted_tools,
+            }
+        })
+        .collect()
     }
 
     /// The request bodies of the fixture suite (`tests/fixtures`) in `protocol`'s words

@@ -16,6 +16,7 @@ use crate::translate::lax::{lax_struct, Loose, RawText};
 /// The tool that carries JSON mode toward a messages upstream (the forced-tool technique).
 pub const JSON_TOOL: &str = "json_tool_call";
 
+pub mod plain;
 mod request;
 mod stream;
 

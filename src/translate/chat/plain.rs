@@ -15,6 +15,7 @@ use memchr::memmem::Finder;
 use super::finish_from;
 use crate::ir::{Finish, Usage};
 use crate::json::walk;
+use crate::translate::common::string_as_written;
 use crate::translate::counts::Counts;
 
 /// What [`read`] found in a plain reply.
@@ -151,7 +152,8 @@ fn message_text(text: &str, at: usize) -> Option<(usize, &str)> {
     let mut content = None;
     let end = walk::object::<true>(b, at, |key, at| match key {
         b"content" if content.is_none() => {
-            let (end, t) = short_escaped_string(text, at)?;
+            // An empty text is no part of the IR's reply.
+            let (end, t) = string_as_written(text, at).filter(|(_, t)| t.len() > 2)?;
             content = Some(t);
             Some(end)
         }
@@ -163,33 +165,6 @@ fn message_text(text: &str, at: usize) -> Option<(usize, &str)> {
         _ => walk::skip::<true>(b, at, 4),
     })?;
     Some((end, content?))
-}
-
-/// The non-empty string at `at`, quotes included, when its escapes are all short ones.
-fn short_escaped_string(text: &str, at: usize) -> Option<(usize, &str)> {
-    let b = text.as_bytes();
-    if b.get(at) != Some(&b'"') {
-        return None;
-    }
-    let (end, escaped) = walk::string::<true>(b, at + 1)?;
-    let inside = b.get(at + 1..end - 1)?;
-    if inside.is_empty() || escaped && !short_escapes_only(inside) {
-        return None;
-    }
-    Some((end, text.get(at..end)?))
-}
-
-/// Whether every escape in a string's (checked) text is one serde writes as it is: `\u` (which
-/// serde writes only for the control characters with no short form) and `\/` are not.
-fn short_escapes_only(inside: &[u8]) -> bool {
-    let mut rest = inside;
-    while let Some(k) = memchr::memchr(b'\\', rest) {
-        match rest.get(k + 1) {
-            Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => rest = &rest[k + 2..],
-            _ => return false,
-        }
-    }
-    true
 }
 
 #[cfg(test)]

@@ -962,39 +962,8 @@ fn write_thinking<'a>(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
     use super::ChatRequest;
-    use crate::config::{Protocol, Target, ThinkingStyle};
+    use crate::config::Protocol;
     use crate::translate::hand::check;
-
-    /// A chat target with each way of switching thinking.
-    fn targets() -> Vec<Target> {
-        let config = crate::config::Config::parse(
-            "[listen]\nbase = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"c\"\nkind = \"chat\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstream = \"c\"\ndefault_max_tokens = 100\n",
-            std::path::Path::new("."),
-            &|_| None,
-        )
-        .unwrap();
-        [
-            ThinkingStyle::None,
-            ThinkingStyle::ChatTemplateKwargs,
-            ThinkingStyle::EnableThinking,
-            ThinkingStyle::ThinkingType,
-            ThinkingStyle::Anthropic,
-            ThinkingStyle::OpenAi,
-        ]
-        .into_iter()
-        .map(|thinking| {
-            let p = config.models[0].primary();
-            Target {
-                upstream: p.upstream.clone(),
-                upstream_model: None,
-                weight: 1,
-                thinking,
-                default_max_tokens: p.default_max_tokens,
-                hosted_tools: p.hosted_tools,
-            }
-        })
-        .collect()
-    }
 
     /// The body written by hand is the bytes serde writes for the same structs: every fixture
     /// request of every protocol, read into the IR and written for every thinking style, and
@@ -1019,7 +988,7 @@ mod tests {
             Protocol::Messages,
             r#"{"model":"m","max_tokens":4000,"thinking":{"type":"enabled","budget_tokens":2000},"temperature":1,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"tool","name":"f"},"tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}]}"#.to_owned(),
         ));
-        let targets = targets();
+        let targets = check::targets();
         let mut written = 0;
         for (protocol, body) in &bodies {
             // Bodies the IR refuses (fixtures of refusals) have no upstream body.
