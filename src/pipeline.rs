@@ -1238,7 +1238,7 @@ async fn translated_response(
     let stream = parts.status.is_success() && stream;
     let mut headers = std::mem::take(&mut parts.headers);
     upstream::keep_response_headers(&mut headers);
-    headers.remove(header::CONTENT_TYPE);
+    // The content type is the client protocol's, set below in the upstream's one's place.
     headers.remove(header::CONTENT_ENCODING);
     if !t.dropped.is_empty() {
         let names = t.dropped.join(", ");
