@@ -1,4 +1,4 @@
-//! Translation cost per protocol pair: a 2 KB request with tools, a reply, and a 200-event stream.
+//! Translation cost per protocol pair: a 2 KB request with tools, a reply, and a 200-event stream; and the benchbed's plain messages request by the IR and in one pass.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,6 +16,7 @@ use std::hint::black_box;
 use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::StatusCode;
+use modelgate::config::Protocol;
 use modelgate::translate::{self, StreamTranslator};
 
 fn benches(c: &mut Criterion) {
@@ -67,6 +68,29 @@ fn benches(c: &mut Criterion) {
             },
         );
     }
+    g.finish();
+
+    // The benchbed's S3 request for a chat upstream, by the IR and in one pass. The one pass
+    // starts from the top-level object the request's validation found, which both paths have.
+    let mut g = c.benchmark_group("plain_messages_request");
+    let body = br#"{"model":"mock-gpt","max_tokens":64,"system":"You are terse.","messages":[{"role":"user","content":"Say hello in five words."}]}"#;
+    let model = model_for(&models, Protocol::Chat);
+    let obj = modelgate::validate::request_object(body).unwrap();
+    g.bench_function("ir", |b| {
+        b.iter(|| {
+            translate::request(
+                Protocol::Messages,
+                Protocol::Chat,
+                black_box(body),
+                model.primary(),
+                "bench",
+            )
+            .unwrap()
+        })
+    });
+    g.bench_function("one_pass", |b| {
+        b.iter(|| translate::plain_messages_for_chat(black_box(&obj), "bench", "bench").unwrap())
+    });
     g.finish();
 }
 
